@@ -1,0 +1,5 @@
+import sys
+
+from t5nb.cli import main
+
+sys.exit(main())

@@ -1,0 +1,60 @@
+"""Run the course headless: execute each notebook in a fresh kernel, save it and its log."""
+import json
+import pathlib
+import time
+
+import nbclient
+import nbformat
+from tqdm.auto import tqdm
+
+NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def notebook_log(nb) -> str:
+    """The text a reader would see: every stream, result and error output, cell by cell."""
+    lines = []
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        for output in cell.get("outputs", []):
+            if output.output_type == "stream":
+                lines.append(output.text)
+            elif output.output_type in ("execute_result", "display_data"):
+                lines.append(output.get("data", {}).get("text/plain", "") + "\n")
+            elif output.output_type == "error":
+                lines.append(f"[cell {index}] {output.ename}: {output.evalue}\n")
+    return "".join(lines)
+
+
+def run_notebook(path: pathlib.Path, out_dir: pathlib.Path, timeout: int = 3600) -> dict:
+    """Execute one notebook; write `<out_dir>/<name>.ipynb` and `.log` even when it fails."""
+    nb = nbformat.read(path, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    )
+    start = time.perf_counter()
+    error = None
+    try:
+        client.execute()
+    except nbclient.exceptions.CellExecutionError as exc:
+        error = str(exc).strip().splitlines()[-1]
+    wall_s = time.perf_counter() - start
+    nbformat.write(nb, out_dir / path.name)
+    (out_dir / path.with_suffix(".log").name).write_text(notebook_log(nb))
+    return {"wall_s": round(wall_s, 1), "ok": error is None, "error": error}
+
+
+def run_course(out_dir="runs", names=None, notebooks_dir=NOTEBOOKS) -> dict:
+    """Run every notebook (or those in `names`) in order; results go to `<out_dir>/results.json`."""
+    out_dir = pathlib.Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = sorted(pathlib.Path(notebooks_dir).glob("[0-9][0-9]_*.ipynb"))
+    if names:
+        paths = [p for p in paths if p.stem in names or p.name in names]
+    results = {}
+    for path in tqdm(paths, desc="course", unit="notebook"):
+        results[path.stem] = run_notebook(path, out_dir)
+        status = "ok" if results[path.stem]["ok"] else f"FAILED: {results[path.stem]['error']}"
+        tqdm.write(f"{path.stem}: {results[path.stem]['wall_s']} s, {status}")
+        (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results

@@ -1,0 +1,76 @@
+"""Profiles: one small table that tells every notebook how big to go on this machine.
+
+`T5NB_PROFILE=ci|cpu|accelerator` picks one; unset, t5nb looks at JAX's default backend.
+"""
+import dataclasses
+import os
+
+import jax
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """What a notebook may spend: model preset, batch, feature lengths and step counts."""
+
+    name: str
+    description: str
+    model: str  # a preset name in t5nb.config
+    batch_size: int
+    inputs_length: int
+    targets_length: int
+    pretrain_steps: int
+    finetune_steps: int
+    matmul_size: int  # side of the square matmul 00_setup times
+
+
+PROFILES = {
+    "ci": Profile(
+        name="ci",
+        description="CI: every notebook in about a minute on 2 CPU cores; numbers are not meaningful.",
+        model="t5.1.1-tiny",
+        batch_size=8,
+        inputs_length=64,
+        targets_length=16,
+        pretrain_steps=20,
+        finetune_steps=20,
+        matmul_size=256,
+    ),
+    "cpu": Profile(
+        name="cpu",
+        description="The offline course on a CPU: small models on the embedded facts world.",
+        model="t5.1.1-mini",
+        batch_size=32,
+        inputs_length=128,
+        targets_length=32,
+        pretrain_steps=2000,
+        finetune_steps=600,
+        matmul_size=1024,
+    ),
+    "accelerator": Profile(
+        name="accelerator",
+        description="A TPU or GPU: real T5.1.1 sizes on real data.",
+        model="t5.1.1-small",
+        batch_size=64,
+        inputs_length=512,
+        targets_length=114,
+        pretrain_steps=10000,
+        finetune_steps=2000,
+        matmul_size=8192,
+    ),
+}
+
+
+def detect_profile_name() -> str:
+    """`T5NB_PROFILE` if set, else `accelerator` when JAX sees a GPU/TPU, else `cpu`."""
+    name = os.environ.get("T5NB_PROFILE", "").strip().lower()
+    if name:
+        return name
+    return "cpu" if jax.default_backend() == "cpu" else "accelerator"
+
+
+def get_profile(name: str | None = None) -> Profile:
+    """The profile called `name`, or the detected one."""
+    name = name or detect_profile_name()
+    if name not in PROFILES:
+        raise ValueError(f"unknown profile {name!r} (T5NB_PROFILE); choose one of {sorted(PROFILES)}")
+    return PROFILES[name]

@@ -1,0 +1,50 @@
+"""What machine is this: Colab or local, package versions, devices, a timed matmul."""
+import importlib.metadata
+import platform
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "seqio-nightly", "t5",
+            "tfds-nightly", "tensorflow", "sentencepiece")
+
+
+def in_colab() -> bool:
+    return "google.colab" in sys.modules
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of the packages t5nb is built on."""
+    found = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def time_matmul(n: int, dtype=jnp.float32, repeats: int = 5) -> float:
+    """Best-of-`repeats` achieved FLOP/s of a jitted [n, n] @ [n, n] on the default device."""
+    x = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    matmul = jax.jit(lambda a: a @ a)
+    matmul(x).block_until_ready()  # compile once, outside the timing
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        matmul(x).block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return 2 * n**3 / best
+
+
+def report(profile) -> None:
+    """Print where we are: Colab or local, versions, devices and the profile in use."""
+    print(f"Running on: {'Google Colab' if in_colab() else 'a local machine'} ({platform.platform()})")
+    for name, version in versions().items():
+        print(f"  {name:18s} {version}")
+    devices = jax.devices()
+    print(f"JAX backend: {jax.default_backend()}, {len(devices)} device(s): "
+          f"{', '.join(sorted({d.device_kind for d in devices}))}")
+    print(f"Profile: {profile.name} - {profile.description}")

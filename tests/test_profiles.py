@@ -1,0 +1,29 @@
+import pytest
+
+import t5nb
+from t5nb.profiles import PROFILES, detect_profile_name
+
+
+def test_environment_variable_picks_the_profile(monkeypatch):
+    monkeypatch.setenv("T5NB_PROFILE", "ci")
+    assert t5nb.get_profile().name == "ci"
+    monkeypatch.setenv("T5NB_PROFILE", "accelerator")
+    assert t5nb.get_profile() is PROFILES["accelerator"]
+
+
+def test_unset_profile_follows_the_jax_backend(monkeypatch):
+    monkeypatch.delenv("T5NB_PROFILE", raising=False)
+    assert detect_profile_name() == "cpu"  # the test machines have no accelerator
+    monkeypatch.setattr("jax.default_backend", lambda: "tpu")
+    assert detect_profile_name() == "accelerator"
+
+
+def test_unknown_profile_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("T5NB_PROFILE", "huge")
+    with pytest.raises(ValueError, match="unknown profile 'huge'.*accelerator"):
+        t5nb.get_profile()
+
+
+def test_ci_profile_is_the_smallest():
+    ci, cpu = PROFILES["ci"], PROFILES["cpu"]
+    assert ci.pretrain_steps < cpu.pretrain_steps and ci.inputs_length <= cpu.inputs_length
