@@ -1,0 +1,62 @@
+"""Model configuration: one dataclass and the published T5 / T5.1.1 presets."""
+import dataclasses
+
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+    """Hyperparameters of a T5 encoder-decoder (names follow T5X's `network.T5Config`)."""
+
+    vocab_size: int = 32128  # 32000 pieces + 100 sentinels, padded to a multiple of 128
+    emb_dim: int = 512  # d_model
+    num_heads: int = 8
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    head_dim: int = 64  # d_kv
+    mlp_dim: int = 2048  # d_ff
+    mlp_activations: tuple[str, ...] = ("relu",)  # T5.1.1: ("gelu", "linear") = gated GELU
+    logits_via_embedding: bool = True  # T5 1.0 ties the output layer to the embedding
+    dropout_rate: float = 0.1
+    dtype: jnp.dtype = jnp.float32  # compute dtype; parameters are always float32
+    float32_attention_logits: bool = True
+    relative_attention_num_buckets: int = 32
+    relative_attention_max_distance: int = 128
+
+    def replace(self, **changes) -> "T5Config":
+        return dataclasses.replace(self, **changes)
+
+
+_T5_1_0 = T5Config()
+_T5_1_1 = T5Config(mlp_activations=("gelu", "linear"), logits_via_embedding=False)
+
+
+def _size(base, emb, heads, layers, head_dim, mlp):
+    return base.replace(emb_dim=emb, num_heads=heads, num_encoder_layers=layers,
+                        num_decoder_layers=layers, head_dim=head_dim, mlp_dim=mlp)
+
+
+PRESETS = {
+    # T5 1.0 (Raffel et al. 2020): ReLU MLP, tied embedding, logits scaled by 1/sqrt(d_model).
+    "t5-tiny": _size(_T5_1_0, 16, 2, 2, 8, 32),
+    "t5-small": _size(_T5_1_0, 512, 8, 6, 64, 2048),
+    "t5-base": _size(_T5_1_0, 768, 12, 12, 64, 3072),
+    "t5-large": _size(_T5_1_0, 1024, 16, 24, 64, 4096),
+    "t5-3b": _size(_T5_1_0, 1024, 32, 24, 128, 16384),
+    "t5-11b": _size(_T5_1_0, 1024, 128, 24, 128, 65536),
+    # T5.1.1: gated GELU, untied `logits_dense`. "tiny" is T5X's test model (emb 8, 4x3 heads).
+    "t5.1.1-tiny": _size(_T5_1_1, 8, 4, 2, 3, 16),
+    "t5.1.1-mini": _size(_T5_1_1, 256, 4, 4, 64, 1024),  # the offline course on a CPU
+    "t5.1.1-small": _size(_T5_1_1, 512, 6, 8, 64, 1024),
+    "t5.1.1-base": _size(_T5_1_1, 768, 12, 12, 64, 2048),
+    "t5.1.1-large": _size(_T5_1_1, 1024, 16, 24, 64, 2816),
+    "t5.1.1-xl": _size(_T5_1_1, 2048, 32, 24, 64, 5120),
+    "t5.1.1-xxl": _size(_T5_1_1, 4096, 64, 24, 64, 10240),
+}
+
+
+def get_config(name: str, **changes) -> T5Config:
+    """A preset by name, with optional field changes (e.g. `vocab_size=`, `dtype=`)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; choose one of {sorted(PRESETS)}")
+    return PRESETS[name].replace(**changes)
