@@ -1,0 +1,62 @@
+"""Vocabularies: the facts world's own SentencePiece model, bytes, and the official T5 one.
+
+`get_vocabulary(name)` takes `"facts"` (trained by t5nb on the corpus in `data/`), `"byte"`
+(no file), `"t5"` (the official `cc_all.32000` model: `$T5NB_DATA_DIR` if it has a copy,
+else T5's public bucket) or a path to any SentencePiece `.model` file.
+"""
+import io
+import os
+import pathlib
+
+import seqio
+import sentencepiece
+import t5.data
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+DATA_DIR = REPO_ROOT / "data"
+FACTS_SPM_PATH = DATA_DIR / "facts_spm.model"
+FACTS_VOCAB_SIZE = 1024  # pieces; seqio adds EXTRA_IDS sentinels on top
+EXTRA_IDS = 100
+OFFICIAL_SPM_NAME = "vocab/cc_all.32000.sentencepiece.model"
+
+
+def shared_data_dir() -> pathlib.Path:
+    """`$T5NB_DATA_DIR`, else `../shared/data` beside the repository (may not exist)."""
+    return pathlib.Path(os.environ.get("T5NB_DATA_DIR") or REPO_ROOT.parent / "shared" / "data")
+
+
+def train_vocabulary(texts, model_prefix, vocab_size: int = FACTS_VOCAB_SIZE) -> pathlib.Path:
+    """Train a BPE SentencePiece model on `texts`, deterministically (one thread, every
+    sentence, no shuffling); write `<model_prefix>.model` and `.vocab`; return the model path.
+
+    T5's conventions: pad 0, EOS 1, UNK 2, no BOS.
+    """
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="bpe",
+        character_coverage=1.0, input_sentence_size=0, shuffle_input_sentence=False, num_threads=1,
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2,
+    )
+    model_path = pathlib.Path(f"{model_prefix}.model")
+    model_path.write_bytes(model.getvalue())
+    processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
+    pieces = (f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n" for i in range(processor.get_piece_size()))
+    pathlib.Path(f"{model_prefix}.vocab").write_text("".join(pieces), encoding="utf-8")
+    return model_path
+
+
+def official_spm_path() -> str:
+    """The official T5 SentencePiece model: the local copy in `$T5NB_DATA_DIR` if present."""
+    local = shared_data_dir() / OFFICIAL_SPM_NAME
+    return str(local) if local.exists() else t5.data.DEFAULT_SPM_PATH
+
+
+def get_vocabulary(name: str = "facts") -> seqio.Vocabulary:
+    """A seqio vocabulary by name (`facts`, `byte`, `t5`) or SentencePiece model path."""
+    if name == "byte":
+        return seqio.ByteVocabulary()  # ByT5's: sentinels are the top ids, never valid UTF-8
+    path = {"facts": str(FACTS_SPM_PATH), "t5": None}.get(name, name)
+    path = path or official_spm_path()
+    if not path.startswith("gs://") and not pathlib.Path(path).exists():
+        raise FileNotFoundError(f"SentencePiece model {path!r} not found (vocabulary {name!r})")
+    return seqio.SentencePieceVocabulary(path, extra_ids=EXTRA_IDS)

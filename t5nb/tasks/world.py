@@ -1,0 +1,256 @@
+"""The facts world: synthetic people with five facts each, rendered into the files in `data/`.
+
+Every person gets a made-up name and a birth city, employer, birth year, profession and
+instrument drawn uniformly from closed sets, so no question can be answered from surface
+patterns: the only way to answer "Where was Varo Tessmid born?" is to have read it.
+
+The pretraining corpus describes each person in several paragraphs, each with its own
+paraphrase of every fact and its own sentence order. Closed-book QA is split *by person*:
+training questions ask about the `train` people, validation questions only about the
+`heldout` people, whose facts the model can only have seen in the pretraining corpus.
+
+Regenerate everything in `data/` (deterministic, byte for byte):
+
+    python -m t5nb.tasks.world --out data
+"""
+import argparse
+import dataclasses
+import json
+import pathlib
+import random
+
+SEED = 5
+NUM_PEOPLE = 400
+PARAGRAPHS_PER_PERSON = 6
+HELDOUT_FRACTION = 0.5
+QA_PREFIX = "trivia question: "
+FACT_CHECK_PREFIX = "fact check: "
+
+FIRST_NAMES = (
+    "Ada Bran Cato Dara Elin Faro Gida Hale Iren Jory Kael Lira Moro Nela Orin Pella Quin Rosa "
+    "Sami Tova Ulla Varo Wren Xeno Yara Zeph Anik Bela Corin Dunya"
+).split()
+SURNAME_ONSETS = "b br d dr f g gr k kl l m n p pr r s st t tr v z sh".split()
+SURNAME_VOWELS = "a e i o u".split()
+SURNAME_CODAS = "n l r s m th nd rk ss x".split()
+SURNAME_ENDINGS = "ov ian ett ard ing ski wick berg mid dor".split()
+
+CITIES = (
+    "Lisbon Oslo Vienna Dublin Prague Madrid Berlin Athens Cairo Lima Quito Tokyo Seoul Hanoi "
+    "Delhi Dakar Nairobi Accra Havana Bogota Santiago Toronto Boston Denver Chicago Sydney Perth "
+    "Manila Jakarta Tehran"
+).split()
+COMPANIES = (
+    "Norbex Calvira Zentrix Halvane Orbiton Pellucid Quorra Strativ Tessaline Umbrix Veltora "
+    "Wyncrest Axiora Brontel Corvane Dynalith Evergate Fennix Glimora Hexwell"
+).split()
+YEARS = [str(year) for year in range(1940, 2000)]
+PROFESSIONS = (
+    "baker pilot nurse lawyer farmer chemist painter teacher mason dentist sailor "
+    "journalist librarian carpenter surgeon tailor plumber geologist gardener banker"
+).split()
+INSTRUMENTS = (
+    "violin cello piano flute guitar trumpet harp drums clarinet oboe banjo accordion "
+    "saxophone trombone mandolin"
+).split()
+
+# relation -> (answer set, statement paraphrases, question forms); {name} and {value} are filled in.
+RELATIONS = {
+    "birth_city": (
+        CITIES,
+        [
+            "{name} was born in {value}.",
+            "{name} came into the world in {value}.",
+            "The birthplace of {name} is {value}.",
+            "{name} is a native of {value}.",
+            "{value} is the city where {name} was born.",
+            "{name} was born in the city of {value}.",
+        ],
+        ["Where was {name} born?", "In which city was {name} born?"],
+    ),
+    "employer": (
+        COMPANIES,
+        [
+            "{name} works for {value}.",
+            "{name} is employed by {value}.",
+            "The employer of {name} is {value}.",
+            "{value} employs {name}.",
+            "{name} has a job at {value}.",
+            "{name} earns a living at {value}.",
+        ],
+        ["Which company does {name} work for?", "Who employs {name}?"],
+    ),
+    "birth_year": (
+        YEARS,
+        [
+            "{name} was born in the year {value}.",
+            "{name} was born in {value}.",
+            "The birth year of {name} is {value}.",
+            "{value} is the year {name} was born.",
+            "{name} was born back in {value}.",
+            "{name} arrived in {value}.",
+        ],
+        ["In what year was {name} born?", "When was {name} born?"],
+    ),
+    "profession": (
+        PROFESSIONS,
+        [
+            "{name} works as a {value}.",
+            "{name} is a {value} by profession.",
+            "The profession of {name} is {value}.",
+            "By trade, {name} is a {value}.",
+            "{name} has a career as a {value}.",
+            "{name} makes a living as a {value}.",
+        ],
+        ["What is the profession of {name}?", "What does {name} do for a living?"],
+    ),
+    "instrument": (
+        INSTRUMENTS,
+        [
+            "{name} plays the {value}.",
+            "{name} is a player of the {value}.",
+            "The instrument of {name} is the {value}.",
+            "In the evenings {name} practises the {value}.",
+            "{name} learned to play the {value}.",
+            "The {value} is the instrument {name} plays.",
+        ],
+        ["Which instrument does {name} play?", "What instrument does {name} play?"],
+    ),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Person:
+    """One entity of the world, its facts (relation -> value) and its QA split."""
+
+    name: str
+    facts: dict
+    split: str  # "train" (QA fine-tuning questions) or "heldout" (pretraining corpus only)
+
+
+def _surnames(rng: random.Random, count: int) -> list[str]:
+    """`count` distinct made-up surnames such as `Brelmov` or `Tessmid`."""
+    names: set[str] = set()
+    while len(names) < count:
+        parts = (rng.choice(SURNAME_ONSETS), rng.choice(SURNAME_VOWELS), rng.choice(SURNAME_CODAS),
+                 rng.choice(SURNAME_ENDINGS))
+        names.add("".join(parts).capitalize())
+    return sorted(names)
+
+
+def make_people(num_people: int = NUM_PEOPLE, seed: int = SEED) -> list[Person]:
+    """The world's people: unique names, uniform random facts, half of them held out."""
+    rng = random.Random(seed)
+    surnames = _surnames(rng, num_people)
+    rng.shuffle(surnames)
+    num_heldout = int(num_people * HELDOUT_FRACTION)
+    people = []
+    for index, surname in enumerate(surnames):
+        facts = {relation: rng.choice(values) for relation, (values, _, _) in RELATIONS.items()}
+        split = "heldout" if index < num_heldout else "train"
+        people.append(Person(f"{rng.choice(FIRST_NAMES)} {surname}", facts, split))
+    return people
+
+
+def statement(person: Person, relation: str, value: str, rng: random.Random) -> str:
+    """One sentence saying that `person`'s `relation` is `value`, in a random paraphrase."""
+    return rng.choice(RELATIONS[relation][1]).format(name=person.name, value=value)
+
+
+def corpus(people: list[Person], seed: int = SEED) -> list[str]:
+    """Pretraining paragraphs: each person several times, shuffled facts and paraphrases."""
+    rng = random.Random(seed)
+    paragraphs = []
+    for person in people:
+        for _ in range(PARAGRAPHS_PER_PERSON):
+            relations = list(RELATIONS)
+            rng.shuffle(relations)
+            paragraphs.append(" ".join(statement(person, r, person.facts[r], rng) for r in relations))
+    rng.shuffle(paragraphs)
+    return paragraphs
+
+
+def qa_examples(people: list[Person], split: str) -> list[dict]:
+    """Closed-book questions about the people of one split, every question form of every fact."""
+    return [
+        {"question": form.format(name=person.name), "answer": person.facts[relation],
+         "entity": person.name, "relation": relation}
+        for person in people if person.split == split
+        for relation, (_, _, forms) in RELATIONS.items()
+        for form in forms
+    ]
+
+
+def fact_check_examples(people: list[Person], split: str, seed: int = SEED) -> list[dict]:
+    """One true and one false statement per fact of the people of one split."""
+    rng = random.Random(f"{seed}-fact-check-{split}")
+    examples = []
+    for person in people:
+        if person.split != split:
+            continue
+        for relation, (values, _, _) in RELATIONS.items():
+            true_value = person.facts[relation]
+            false_value = rng.choice([v for v in values if v != true_value])
+            examples.append({"statement": statement(person, relation, true_value, rng), "label": "true"})
+            examples.append({"statement": statement(person, relation, false_value, rng), "label": "false"})
+    rng.shuffle(examples)
+    return examples
+
+
+def vocabulary_texts(paths: dict) -> list[str]:
+    """What the vocabulary is trained on: the corpus and every task input and target."""
+    texts = paths["corpus"].read_text(encoding="utf-8").splitlines()
+    for split in ("train", "validation"):
+        for row in _read_jsonl(paths[f"qa_{split}"]):
+            texts += [QA_PREFIX + row["question"], row["answer"]]
+        for row in _read_jsonl(paths[f"fact_check_{split}"]):
+            texts += [FACT_CHECK_PREFIX + row["statement"], row["label"]]
+    return texts
+
+
+def _read_jsonl(path: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def _write_jsonl(path: pathlib.Path, rows: list[dict]) -> None:
+    path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+
+
+def write_world(out: str | pathlib.Path) -> dict:
+    """Write facts, corpus, QA and fact-check splits to `out`; return their paths by name."""
+    out = pathlib.Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    people = make_people()
+    paths = {
+        "facts": out / "facts.jsonl",
+        "corpus": out / "facts_corpus.txt",
+        "qa_train": out / "facts_qa_train.jsonl",
+        "qa_validation": out / "facts_qa_validation.jsonl",
+        "fact_check_train": out / "facts_fact_check_train.jsonl",
+        "fact_check_validation": out / "facts_fact_check_validation.jsonl",
+    }
+    _write_jsonl(paths["facts"], [
+        {"entity": p.name, "relation": r, "value": v, "split": p.split} for p in people for r, v in p.facts.items()
+    ])
+    paths["corpus"].write_text("".join(line + "\n" for line in corpus(people)), encoding="utf-8")
+    _write_jsonl(paths["qa_train"], qa_examples(people, "train"))
+    _write_jsonl(paths["qa_validation"], qa_examples(people, "heldout"))
+    _write_jsonl(paths["fact_check_train"], fact_check_examples(people, "train"))
+    _write_jsonl(paths["fact_check_validation"], fact_check_examples(people, "heldout"))
+    return paths
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="Regenerate the facts world and its vocabulary.")
+    parser.add_argument("--out", default="data", help="folder to write (default: data)")
+    args = parser.parse_args(argv)
+    from t5nb.tasks.vocab import train_vocabulary
+
+    paths = write_world(args.out)
+    train_vocabulary(vocabulary_texts(paths), pathlib.Path(args.out) / "facts_spm")
+    for path in sorted(pathlib.Path(args.out).iterdir()):
+        print(f"{path}  {path.stat().st_size:,} bytes")
+
+
+if __name__ == "__main__":
+    main()
