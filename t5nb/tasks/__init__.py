@@ -1,0 +1,22 @@
+"""SeqIO tasks for t5nb: the offline facts world, T5's real tasks, your own, and batching.
+
+Importing registers the facts tasks and the real tasks (idempotently):
+
+- `facts_span_corruption`, `facts_qa`, `facts_fact_check` (and `..._byte`): see `offline`;
+- `c4_span_corruption`, `wmt14_ende`, `nq_open`, `triviaqa_nocontext`, mixture
+  `closed_book_qa` (and `..._byte`): see `real`.
+"""
+from t5nb.tasks.batching import BatchIterator, Preview, get_dataset, preview
+from t5nb.tasks.custom import TaskDataError, describe, read_examples, register_task
+from t5nb.tasks.offline import FACT_CHECK, QA, SPAN_CORRUPTION, register_facts_tasks
+from t5nb.tasks.recipes import TaskNameError, get_task
+from t5nb.tasks.vocab import FACTS_SPM_PATH, get_vocabulary, shared_data_dir
+
+if FACTS_SPM_PATH.exists():  # absent only while `python -m t5nb.tasks --out data` regenerates it
+    register_facts_tasks()
+
+__all__ = [
+    "BatchIterator", "FACTS_SPM_PATH", "FACT_CHECK", "Preview", "QA", "SPAN_CORRUPTION", "TaskDataError",
+    "TaskNameError", "describe", "get_dataset", "get_task", "get_vocabulary", "preview", "read_examples",
+    "register_facts_tasks", "register_task", "shared_data_dir",
+]

@@ -17,6 +17,7 @@ DATA_DIR = REPO_ROOT / "data"
 FACTS_SPM_PATH = DATA_DIR / "facts_spm.model"
 FACTS_VOCAB_SIZE = 1024  # pieces; seqio adds EXTRA_IDS sentinels on top
 EXTRA_IDS = 100
+PUNCTUATION = ".,?:"  # always pieces of their own
 OFFICIAL_SPM_NAME = "vocab/cc_all.32000.sentencepiece.model"
 
 
@@ -29,13 +30,14 @@ def train_vocabulary(texts, model_prefix, vocab_size: int = FACTS_VOCAB_SIZE) ->
     """Train a BPE SentencePiece model on `texts`, deterministically (one thread, every
     sentence, no shuffling); write `<model_prefix>.model` and `.vocab`; return the model path.
 
-    T5's conventions: pad 0, EOS 1, UNK 2, no BOS.
+    T5's conventions: pad 0, EOS 1, UNK 2, no BOS; `PUNCTUATION` never merges into words.
     """
     model = io.BytesIO()
     sentencepiece.SentencePieceTrainer.train(
         sentence_iterator=iter(texts), model_writer=model, vocab_size=vocab_size, model_type="bpe",
         character_coverage=1.0, input_sentence_size=0, shuffle_input_sentence=False, num_threads=1,
         pad_id=0, eos_id=1, unk_id=2, bos_id=-1, minloglevel=2,
+        user_defined_symbols=list(PUNCTUATION),  # "1941." must end in the same "1941" the answer is
     )
     model_path = pathlib.Path(f"{model_prefix}.model")
     model_path.write_bytes(model.getvalue())

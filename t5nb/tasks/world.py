@@ -11,7 +11,7 @@ training questions ask about the `train` people, validation questions only about
 
 Regenerate everything in `data/` (deterministic, byte for byte):
 
-    python -m t5nb.tasks.world --out data
+    python -m t5nb.tasks --out data
 """
 import argparse
 import dataclasses

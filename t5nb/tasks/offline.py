@@ -1,0 +1,40 @@
+"""The offline tasks over the facts world in `data/`, registered for each vocabulary.
+
+| task | objective |
+|---|---|
+| `facts_span_corruption` | span corruption on the corpus (train split only) |
+| `facts_qa` | `trivia question: <question>` -> answer; validation = held-out people; EM/F1 |
+| `facts_fact_check` | `fact check: <statement>` -> `true`/`false`; validation = held-out people |
+
+With the byte vocabulary the names end in `_byte` (`facts_qa_byte`, ...).
+"""
+from t5nb.tasks import world
+from t5nb.tasks.custom import in_memory_source, read_examples
+from t5nb.tasks.recipes import add_task
+from t5nb.tasks.vocab import DATA_DIR
+
+VOCABULARY_SUFFIXES = {"facts": "", "byte": "_byte"}
+SPAN_CORRUPTION = "facts_span_corruption"
+QA = "facts_qa"
+FACT_CHECK = "facts_fact_check"
+
+
+def _splits(stem: str, fields: dict) -> dict:
+    return {split: read_examples(DATA_DIR / f"{stem}_{split}.jsonl", fields) for split in ("train", "validation")}
+
+
+def register_facts_tasks() -> list[str]:
+    """Register the three facts tasks for every vocabulary (again: a no-op); return the names."""
+    corpus = {"train": read_examples(DATA_DIR / "facts_corpus.txt")}
+    qa = _splits("facts_qa", {"inputs": "question", "targets": "answer"})
+    fact_check = _splits("facts_fact_check", {"inputs": "statement", "targets": "label"})
+    names = []
+    for vocabulary, suffix in VOCABULARY_SUFFIXES.items():
+        for name, examples, kwargs in (
+            (SPAN_CORRUPTION, corpus, dict(objective="span_corruption")),
+            (QA, qa, dict(objective="supervised", prefix=world.QA_PREFIX, metric="squad")),
+            (FACT_CHECK, fact_check, dict(objective="supervised", prefix=world.FACT_CHECK_PREFIX, metric="accuracy")),
+        ):
+            add_task(name + suffix, in_memory_source(examples), vocabulary=vocabulary, exist_ok=True, **kwargs)
+            names.append(name + suffix)
+    return names

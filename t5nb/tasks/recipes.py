@@ -1,0 +1,115 @@
+"""The pieces every t5nb task is built from: features, T5's preprocessors, metrics, registry.
+
+Two objectives, as in T5: `span_corruption` (a text source; T5's own preprocessor, 15% noise,
+mean span 3) and `supervised` (an `inputs`/`targets` source with a text prefix). Closed-book QA
+examples carry every accepted answer in `answers`, which `t5.data.postprocessors.qa` hands to
+the metric.
+"""
+import difflib
+import functools
+import logging
+
+import seqio
+import t5.data
+import t5.evaluation.metrics
+import tensorflow as tf
+
+from t5nb.tasks.vocab import get_vocabulary
+
+NOISE_DENSITY = 0.15
+MEAN_NOISE_SPAN_LENGTH = 3.0
+
+# metric name -> (postprocess_fn, metric_fns)
+METRICS = {
+    None: (None, []),
+    "squad": (t5.data.postprocessors.qa, [t5.evaluation.metrics.squad]),  # EM and F1, every alias
+    "accuracy": (None, [t5.evaluation.metrics.accuracy]),
+    "bleu": (None, [t5.evaluation.metrics.bleu]),
+}
+
+
+class _DropUncachedSourceWarning(logging.Filter):
+    """seqio warns on every in-memory source; t5nb's are small and shuffled by seed."""
+
+    def filter(self, record):
+        return "uncached FunctionDataset" not in record.getMessage()
+
+
+logging.getLogger("absl").addFilter(_DropUncachedSourceWarning())
+
+
+class TaskNameError(ValueError):
+    """An unknown task or mixture name, or a name registered twice."""
+
+
+@seqio.map_over_dataset
+def add_prefix(example, prefix: str):
+    """Prepend the task prefix (`trivia question: `, `fact check: `) to `inputs`."""
+    return {**example, "inputs": tf.strings.join([prefix, example["inputs"]])}
+
+
+def output_features(vocabulary: str, inputs_required: bool = True) -> dict:
+    """`inputs` and `targets` in one vocabulary, both ending in EOS, as in T5."""
+    vocab = get_vocabulary(vocabulary)
+    return {
+        "inputs": seqio.Feature(vocab, add_eos=True, required=inputs_required),
+        "targets": seqio.Feature(vocab, add_eos=True),
+    }
+
+
+def span_corruption_preprocessors() -> list:
+    """`c4_v220_span_corruption`'s recipe, after a source that yields `targets` text."""
+    return [
+        seqio.preprocessors.tokenize,
+        seqio.CacheDatasetPlaceholder(),
+        functools.partial(t5.data.preprocessors.span_corruption, noise_density=NOISE_DENSITY,
+                          mean_noise_span_length=MEAN_NOISE_SPAN_LENGTH),
+        seqio.preprocessors.append_eos_after_trim,
+    ]
+
+
+def supervised_preprocessors(prefix: str = "") -> list:
+    """Prefix, tokenize, append EOS after trimming: T5's text-to-text recipe."""
+    prefixing = [functools.partial(add_prefix, prefix=prefix)] if prefix else []
+    return prefixing + [
+        seqio.preprocessors.tokenize,
+        seqio.CacheDatasetPlaceholder(),
+        seqio.preprocessors.append_eos_after_trim,
+    ]
+
+
+def add_task(name: str, source: seqio.DataSource, *, objective: str, vocabulary: str,
+             prefix: str = "", metric: str | None = None, extra_preprocessors=(),
+             exist_ok: bool = False) -> seqio.Task:
+    """Register a task; `exist_ok` returns the registered one (idempotent built-ins), else a
+    second registration of `name` is a `TaskNameError`."""
+    if name in seqio.TaskRegistry.names() or name in seqio.MixtureRegistry.names():
+        if exist_ok:
+            return seqio.get_mixture_or_task(name)
+        raise TaskNameError(f"a task or mixture called {name!r} is already registered; choose another name")
+    if objective == "span_corruption":
+        preprocessors = list(extra_preprocessors) + span_corruption_preprocessors()
+    elif objective == "supervised":
+        preprocessors = list(extra_preprocessors) + supervised_preprocessors(prefix)
+    else:
+        raise ValueError(f"unknown objective {objective!r}; choose 'span_corruption' or 'supervised'")
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r}; choose one of {[m for m in METRICS if m]}")
+    postprocess_fn, metric_fns = METRICS[metric]
+    return seqio.TaskRegistry.add(
+        name, source=source, preprocessors=preprocessors,
+        output_features=output_features(vocabulary, inputs_required=objective != "span_corruption"),
+        postprocess_fn=postprocess_fn, metric_fns=metric_fns,
+    )
+
+
+def get_task(name_or_task) -> seqio.Task | seqio.Mixture:
+    """A registered task or mixture, or a `TaskNameError` that suggests close names."""
+    if isinstance(name_or_task, seqio.DatasetProviderBase):
+        return name_or_task
+    names = sorted(seqio.TaskRegistry.names()) + sorted(seqio.MixtureRegistry.names())
+    if name_or_task not in names:
+        close = difflib.get_close_matches(name_or_task, names, n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise TaskNameError(f"no task or mixture called {name_or_task!r} is registered{hint}")
+    return seqio.get_mixture_or_task(name_or_task)
