@@ -1,0 +1,271 @@
+"""Checkpoint converters: Hugging Face T5 (config.json + model.safetensors) and T5X <-> t5nb.
+
+Parameters travel as T5X's `target` tree: nested dicts of numpy arrays keyed like
+`{"encoder": {"layers_0": {"attention": {"query": {"kernel": ...}}}}}`, which is exactly
+t5nb's parameter layout. `HF_NAME_TABLE` is the one table between T5X and Hugging Face names.
+"""
+import json
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import safetensors.numpy
+import tensorstore as ts
+from flax import nnx, serialization
+
+from t5nb.config import T5Config
+from t5nb.model import Transformer
+
+# (t5nb/T5X path regex, Hugging Face name template, HF stores the transpose). HF's q/k/v/o,
+# wi/wo and lm_head are torch Linear weights [out, in]; relative biases are [buckets, heads]
+# and live in block 0 of each stack.
+HF_NAME_TABLE = (
+    (r"token_embedder/embedding", "shared.weight", False),
+    (r"decoder/logits_dense/kernel", "lm_head.weight", True),
+    (r"(encoder|decoder)/relpos_bias/rel_embedding",
+     r"\1.block.0.layer.0.SelfAttention.relative_attention_bias.weight", True),
+    (r"encoder/encoder_norm/scale", "encoder.final_layer_norm.weight", False),
+    (r"decoder/decoder_norm/scale", "decoder.final_layer_norm.weight", False),
+    (r"encoder/layers_(\d+)/pre_attention_layer_norm/scale", r"encoder.block.\1.layer.0.layer_norm.weight", False),
+    (r"encoder/layers_(\d+)/attention/(\w+)/kernel", r"encoder.block.\1.layer.0.SelfAttention.\2.weight", True),
+    (r"encoder/layers_(\d+)/pre_mlp_layer_norm/scale", r"encoder.block.\1.layer.1.layer_norm.weight", False),
+    (r"encoder/layers_(\d+)/mlp/(\w+)/kernel", r"encoder.block.\1.layer.1.DenseReluDense.\2.weight", True),
+    (r"decoder/layers_(\d+)/pre_self_attention_layer_norm/scale", r"decoder.block.\1.layer.0.layer_norm.weight", False),
+    (r"decoder/layers_(\d+)/self_attention/(\w+)/kernel", r"decoder.block.\1.layer.0.SelfAttention.\2.weight", True),
+    (r"decoder/layers_(\d+)/pre_cross_attention_layer_norm/scale", r"decoder.block.\1.layer.1.layer_norm.weight", False),
+    (r"decoder/layers_(\d+)/encoder_decoder_attention/(\w+)/kernel",
+     r"decoder.block.\1.layer.1.EncDecAttention.\2.weight", True),
+    (r"decoder/layers_(\d+)/pre_mlp_layer_norm/scale", r"decoder.block.\1.layer.2.layer_norm.weight", False),
+    (r"decoder/layers_(\d+)/mlp/(\w+)/kernel", r"decoder.block.\1.layer.2.DenseReluDense.\2.weight", True),
+)
+_HF_PROJECTIONS = {".query.": ".q.", ".key.": ".k.", ".value.": ".v.", ".out.": ".o."}
+_HF_ALIASES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")  # copies of shared.weight
+_HF_ACTIVATIONS = {"relu": ("relu",), "gated-gelu": ("gelu", "linear"), "gated-relu": ("relu", "linear")}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not fit the model: names the key and both shapes."""
+
+
+def hf_name(path: str) -> tuple[str, bool]:
+    """t5nb path `encoder/layers_0/attention/query/kernel` -> (HF name, HF stores the transpose)."""
+    for pattern, template, transposed in HF_NAME_TABLE:
+        if re.fullmatch(pattern, path):
+            name = re.sub(pattern, template, path)
+            for ours, theirs in _HF_PROJECTIONS.items():
+                name = name.replace(ours, theirs)
+            return name, transposed
+    raise CheckpointError(f"{path}: no Hugging Face name for this parameter")
+
+
+# -- parameter trees <-> models ----------------------------------------------------------------
+class _ShapeOnlyRngs:
+    """One fixed key for every parameter: enough for shapes, and tracing `nnx.Rngs`' counter
+    inside `nnx.eval_shape` is slow (JAX builds an error message on every update)."""
+
+    def params(self):
+        return jax.random.key(0)
+
+
+def abstract_model(config: T5Config) -> Transformer:
+    """A `config` model whose parameters are `ShapeDtypeStruct`s: nothing is allocated."""
+    return nnx.eval_shape(lambda: Transformer(config, rngs=_ShapeOnlyRngs()))
+
+
+def abstract_params(config: T5Config) -> dict[str, jax.ShapeDtypeStruct]:
+    """Every parameter of a `config` model, `path -> ShapeDtypeStruct`."""
+    return {"/".join(map(str, key)): var.get_value()
+            for key, var in nnx.to_flat_state(nnx.state(abstract_model(config), nnx.Param))}
+
+
+def flatten(tree: dict) -> dict[str, np.ndarray]:
+    """Nested parameter dicts -> `{"encoder/layers_0/...": array}`."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update({f"{key}/{sub}": v for sub, v in flatten(value).items()})
+        else:
+            flat[str(key)] = value
+    return flat
+
+
+def check_params(config: T5Config, flat: dict) -> None:
+    """Raise one `CheckpointError` naming the first missing, unexpected or mis-shaped key."""
+    expected = abstract_params(config)
+    problems = [f"{k}: missing from the checkpoint (model expects shape {tuple(v.shape)})"
+                for k, v in expected.items() if k not in flat]
+    problems += [f"{k}: unexpected in the checkpoint (shape {tuple(np.shape(v))}), not a parameter "
+                 f"of this model" for k, v in flat.items() if k not in expected]
+    problems += [f"{k}: model expects shape {tuple(expected[k].shape)}, checkpoint has shape "
+                 f"{tuple(np.shape(v))}" for k, v in flat.items()
+                 if k in expected and tuple(np.shape(v)) != tuple(expected[k].shape)]
+    if problems:
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        raise CheckpointError(problems[0] + more)
+
+
+def model_from_params(config: T5Config, params: dict) -> Transformer:
+    """A t5nb `Transformer` holding `params` (a T5X-style tree or flat dict), checked first."""
+    flat = flatten(params)
+    check_params(config, flat)
+    model = abstract_model(config)
+    state = nnx.state(model, nnx.Param)
+    for key, var in nnx.to_flat_state(state):
+        var.set_value(jnp.asarray(flat["/".join(map(str, key))], jnp.float32))
+    nnx.update(model, state)
+    return model
+
+
+def model_params(model: Transformer) -> dict[str, np.ndarray]:
+    """The model's parameters as a flat `path -> numpy float32` dict."""
+    return {"/".join(map(str, key)): np.asarray(var.get_value(), np.float32)
+            for key, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+# -- Hugging Face --------------------------------------------------------------------------------
+def config_from_hf(hf: dict) -> T5Config:
+    """t5nb config from a Hugging Face T5 `config.json` dict (T5 1.0 and T5.1.1 layouts)."""
+    proj = hf.get("feed_forward_proj", "relu")
+    if hf.get("model_type", "t5") != "t5" or proj not in _HF_ACTIVATIONS:
+        raise CheckpointError(f"unsupported Hugging Face layout: model_type={hf.get('model_type')!r}, "
+                              f"feed_forward_proj={proj!r} (t5nb reads T5 with {sorted(_HF_ACTIVATIONS)})")
+    if hf.get("layer_norm_epsilon", 1e-6) != 1e-6:
+        raise CheckpointError(f"layer_norm_epsilon={hf['layer_norm_epsilon']}: t5nb uses T5's 1e-6")
+    # transformers v5 writes `tie_word_embeddings: true` always and keeps the T5.1.1 flag as
+    # `scale_decoder_outputs: false`; older configs say `tie_word_embeddings: false`.
+    tied = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
+    return T5Config(
+        vocab_size=hf["vocab_size"], emb_dim=hf["d_model"], num_heads=hf["num_heads"],
+        num_encoder_layers=hf["num_layers"],
+        num_decoder_layers=hf.get("num_decoder_layers") or hf["num_layers"],
+        head_dim=hf["d_kv"], mlp_dim=hf["d_ff"], mlp_activations=_HF_ACTIVATIONS[proj],
+        logits_via_embedding=bool(tied), dropout_rate=hf.get("dropout_rate", 0.1),
+        relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
+        relative_attention_max_distance=hf.get("relative_attention_max_distance", 128))
+
+
+def config_to_hf(config: T5Config) -> dict:
+    """Hugging Face `config.json` dict for a t5nb config."""
+    proj = {v: k for k, v in _HF_ACTIVATIONS.items()}.get(tuple(config.mlp_activations))
+    if proj is None:
+        raise CheckpointError(f"mlp_activations={config.mlp_activations} has no Hugging Face T5 equivalent")
+    return {
+        "architectures": ["T5ForConditionalGeneration"], "model_type": "t5",
+        "vocab_size": config.vocab_size, "d_model": config.emb_dim, "d_kv": config.head_dim,
+        "d_ff": config.mlp_dim, "num_heads": config.num_heads, "num_layers": config.num_encoder_layers,
+        "num_decoder_layers": config.num_decoder_layers, "feed_forward_proj": proj,
+        "tie_word_embeddings": config.logits_via_embedding, "dropout_rate": config.dropout_rate,
+        "layer_norm_epsilon": 1e-6, "initializer_factor": 1.0,
+        "relative_attention_num_buckets": config.relative_attention_num_buckets,
+        "relative_attention_max_distance": config.relative_attention_max_distance,
+        "is_encoder_decoder": True, "pad_token_id": 0, "eos_token_id": 1,
+        "decoder_start_token_id": 0, "dtype": "float32",
+    }
+
+
+def read_hf_checkpoint(directory) -> tuple[T5Config, dict[str, np.ndarray]]:
+    """(config, flat t5nb params) from a HF directory with config.json + model.safetensors."""
+    directory = os.fspath(directory)
+    with open(os.path.join(directory, "config.json")) as f:
+        config = config_from_hf(json.load(f))
+    tensors = safetensors.numpy.load_file(os.path.join(directory, "model.safetensors"))
+    for alias in _HF_ALIASES:
+        tensors.pop(alias, None)
+    shared, lm_head = tensors.get("shared.weight"), tensors.pop("lm_head.weight", None)
+    if config.logits_via_embedding:
+        if lm_head is not None and not np.array_equal(lm_head, shared):
+            raise CheckpointError("lm_head.weight: differs from shared.weight but the config ties them")
+    elif lm_head is not None or shared is not None:
+        tensors["lm_head.weight"] = shared if lm_head is None else lm_head  # HF ties a missing lm_head
+    names = {}
+    for path in abstract_params(config):
+        name, transposed = hf_name(path)
+        names[name] = path, transposed
+    flat = {}
+    for name, array in tensors.items():
+        if name not in names:
+            flat[name] = array  # reported by check_params as unexpected
+            continue
+        path, transposed = names[name]
+        array = np.asarray(array, np.float32)
+        flat[path] = array.T if transposed else array
+    check_params(config, flat)
+    return config, flat
+
+
+def load_hf(directory) -> Transformer:
+    """A t5nb model from a Hugging Face T5 directory (config.json + model.safetensors)."""
+    return model_from_params(*read_hf_checkpoint(directory))
+
+
+def save_hf(model: Transformer, directory) -> None:
+    """Write config.json + model.safetensors that `T5ForConditionalGeneration.from_pretrained` loads."""
+    directory = os.fspath(directory)
+    os.makedirs(directory, exist_ok=True)
+    tensors = {}
+    for path, array in model_params(model).items():
+        name, transposed = hf_name(path)
+        tensors[name] = np.ascontiguousarray(array.T if transposed else array)
+    safetensors.numpy.save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(directory, "config.json"), "w") as f:
+        json.dump(config_to_hf(model.config), f, indent=2)
+
+
+# -- T5X ----------------------------------------------------------------------------------------
+def _kvstore(path: str) -> dict:
+    """Tensorstore kvstore spec for a local path or a `gs://bucket/...` path (a trailing / kept)."""
+    match = re.fullmatch(r"gs://([^/]+)/?(.*)", path)
+    if match:
+        return {"driver": "gcs", "bucket": match[1], "path": match[2]}
+    return {"driver": "file", "path": os.path.abspath(path) + ("/" if path.endswith("/") else "")}
+
+
+def _read_file(path: str) -> bytes | None:
+    """A whole file through tensorstore (local or gs://), or None where it does not exist."""
+    directory, name = path.rstrip("/").rsplit("/", 1) if "/" in path.rstrip("/") else (".", path)
+    store = ts.KvStore.open(_kvstore(directory + "/")).result()
+    result = store.read(name).result()
+    return None if result.state == "missing" else bytes(result.value)
+
+
+def _is_tensorstore_spec(value) -> bool:
+    return isinstance(value, dict) and {"driver", "kvstore"} <= set(value)
+
+
+def _read_leaf(value, checkpoint_dir: str) -> np.ndarray:
+    """An inline array, or a tensorstore spec with a path relative to the checkpoint dir."""
+    if not _is_tensorstore_spec(value):
+        return np.asarray(value, np.float32)
+    spec = dict(value)
+    relative = spec.pop("path", None) or spec["kvstore"]["path"]  # T5X's gcs specs keep it on top
+    spec["kvstore"] = _kvstore(f"{checkpoint_dir.rstrip('/')}/{relative}")
+    return np.asarray(ts.open(spec, read=True).result().read().result(), np.float32)
+
+
+def read_t5x_checkpoint(path) -> dict[str, np.ndarray]:
+    """Flat float32 params of a T5X checkpoint's `target` (optimizer state is skipped).
+
+    `path`: a `checkpoint_<step>` directory, its `checkpoint` msgpack file, or a single-file
+    msgpack checkpoint; local or `gs://` (read through tensorstore).
+    """
+    path = os.fspath(path)
+    data = _read_file(f"{path.rstrip('/')}/checkpoint")
+    checkpoint_dir = path if data is not None else os.path.dirname(path) or "."
+    data = data if data is not None else _read_file(path)
+    if data is None:
+        raise CheckpointError(f"{path}: no T5X checkpoint there (neither a file nor a dir with 'checkpoint')")
+    contents = serialization.msgpack_restore(data)
+    target = contents.get("optimizer", {}).get("target") if isinstance(contents, dict) else None
+    if target is None:
+        keys = sorted(contents) if isinstance(contents, dict) else type(contents).__name__
+        raise CheckpointError(f"{path}: unknown layout, expected T5X's optimizer/target, found {keys}")
+    leaves = jax.tree.leaves_with_path(target, is_leaf=_is_tensorstore_spec)
+    return {"/".join(str(k.key) for k in keypath): _read_leaf(leaf, checkpoint_dir)
+            for keypath, leaf in leaves}
+
+
+def load_t5x(path, config: T5Config) -> Transformer:
+    """A t5nb model of `config` from a T5X checkpoint (T5X checkpoints carry no config)."""
+    return model_from_params(config, read_t5x_checkpoint(path))
