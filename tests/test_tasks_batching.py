@@ -1,0 +1,57 @@
+"""Deterministic shuffling, packing and a batch iterator that resumes where it stopped."""
+import json
+
+import numpy as np
+
+import t5nb.tasks as tasks
+
+LENGTHS = {"inputs": 64, "targets": 16}
+
+
+def _take(iterator, count):
+    return [next(iterator) for _ in range(count)]
+
+
+def _same(batches_a, batches_b):
+    return all(a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a) for a, b in zip(batches_a, batches_b))
+
+
+def test_same_seed_same_batches_other_seed_other_batches():
+    first = _take(tasks.BatchIterator("facts_qa", LENGTHS, 8, seed=1), 2)
+    assert _same(first, _take(tasks.BatchIterator("facts_qa", LENGTHS, 8, seed=1), 2))
+    assert not _same(first, _take(tasks.BatchIterator("facts_qa", LENGTHS, 8, seed=2), 2))
+
+
+def test_saved_position_resumes_with_exactly_the_next_batches():
+    iterator = tasks.BatchIterator("facts_span_corruption", LENGTHS, 4, seed=3)
+    _take(iterator, 3)
+    state = json.loads(json.dumps(iterator.state()))  # small and JSON-able
+    assert state["batches"] == 3 and state["pack"] is True
+    expected = _take(iterator, 2)
+    resumed = tasks.BatchIterator.from_state(state)
+    assert _same(_take(resumed, 2), expected) and resumed.state()["batches"] == 5
+
+
+def test_packed_batches_carry_segment_ids_and_positions():
+    batch = next(tasks.BatchIterator("facts_span_corruption", {"inputs": 128, "targets": 32}, 2))
+    segments, positions = batch["encoder_segment_ids"], batch["encoder_positions"]
+    assert segments.max() >= 1 and set(np.unique(batch["decoder_segment_ids"])) >= {1}
+    starts = np.diff(segments, axis=1, prepend=0) != 0  # every new segment restarts its positions
+    assert np.all(positions[starts & (segments > 0)] == 0)
+    assert np.all(batch["decoder_loss_weights"] == (batch["decoder_target_tokens"] > 0))
+
+
+def test_unpacked_supervised_batches_for_one_epoch():
+    batches = list(tasks.BatchIterator("facts_fact_check", LENGTHS, 500, split="validation", num_epochs=1, shuffle=False))
+    assert len(batches) == 4  # 2000 examples
+    vocab = tasks.get_vocabulary("facts")
+    labels = [vocab.decode(row[:1].tolist()) for batch in batches for row in batch["decoder_target_tokens"]]
+    assert labels.count("true") == labels.count("false") == 1000
+
+
+def test_preview_shows_raw_preprocessed_ids_and_pieces():
+    shown = tasks.preview("facts_qa", LENGTHS)
+    text = str(shown)
+    assert shown.raw["inputs"] in shown.preprocessed["inputs"]
+    assert len(shown.ids["inputs"]) == len(shown.pieces["inputs"]) and shown.pieces["inputs"][:2] == ["trivia", "question"]
+    assert "raw:" in text and "pieces:" in text

@@ -1,0 +1,112 @@
+"""The facts world in data/: its shape, its by-entity QA split, its vocabulary, its tasks."""
+import collections
+import json
+
+import numpy as np
+import pytest
+import seqio
+
+import t5nb.tasks as tasks
+from t5nb.tasks import world
+from t5nb.tasks.vocab import DATA_DIR, EXTRA_IDS, FACTS_VOCAB_SIZE, get_vocabulary, train_vocabulary
+
+LENGTHS = {"inputs": 64, "targets": 16}
+
+
+def _jsonl(name):
+    return [json.loads(line) for line in (DATA_DIR / name).read_text(encoding="utf-8").splitlines()]
+
+
+def test_fact_table_has_enough_facts_relations_and_entities():
+    facts = _jsonl("facts.jsonl")
+    assert len(facts) == 2000 and len({f["relation"] for f in facts}) == 5
+    assert len({f["entity"] for f in facts}) == world.NUM_PEOPLE
+    assert all(len(templates) >= 5 for _, templates, _ in world.RELATIONS.values())
+
+
+def test_qa_split_shares_no_entity_and_heldout_facts_are_in_the_corpus():
+    train, validation = _jsonl("facts_qa_train.jsonl"), _jsonl("facts_qa_validation.jsonl")
+    train_entities, validation_entities = {r["entity"] for r in train}, {r["entity"] for r in validation}
+    assert not train_entities & validation_entities
+    assert len(train_entities) == len(validation_entities) == 200
+    corpus = (DATA_DIR / "facts_corpus.txt").read_text(encoding="utf-8")
+    assert all(r["entity"] in corpus and r["answer"] in corpus for r in validation)
+    fact_check = {json.loads(line)["statement"] for line in (DATA_DIR / "facts_fact_check_train.jsonl").open()}
+    assert not any(entity in statement for entity in validation_entities for statement in fact_check)
+
+
+def test_corpus_varies_paraphrase_and_order():
+    paragraphs = (DATA_DIR / "facts_corpus.txt").read_text(encoding="utf-8").splitlines()
+    assert len(paragraphs) == world.NUM_PEOPLE * world.PARAGRAPHS_PER_PERSON
+    first = world.make_people()[0].name
+    about_first = [p for p in paragraphs if p.startswith(first) or f" {first}" in p]
+    assert len(set(about_first)) == world.PARAGRAPHS_PER_PERSON  # six different renderings
+
+
+def test_answers_are_balanced_so_guessing_scores_low():
+    counts = collections.Counter(r["answer"] for r in _jsonl("facts_qa_validation.jsonl") if r["relation"] == "birth_city")
+    assert max(counts.values()) / sum(counts.values()) < 0.1
+
+
+def test_generation_is_deterministic(tmp_path):
+    paths = world.write_world(tmp_path)
+    for path in paths.values():
+        assert path.read_bytes() == (DATA_DIR / path.name).read_bytes(), path.name
+
+
+def test_vocabulary_is_reproduced_byte_for_byte(tmp_path):
+    paths = {name: DATA_DIR / path.name for name, path in world.write_world(tmp_path).items()}
+    model = train_vocabulary(world.vocabulary_texts(paths), tmp_path / "facts_spm")
+    assert model.read_bytes() == (DATA_DIR / "facts_spm.model").read_bytes()
+    assert (tmp_path / "facts_spm.vocab").read_bytes() == (DATA_DIR / "facts_spm.vocab").read_bytes()
+
+
+def test_vocabularies():
+    facts = get_vocabulary("facts")
+    assert facts.vocab_size == FACTS_VOCAB_SIZE + EXTRA_IDS and facts.eos_id == 1 and facts.pad_id == 0
+    assert facts.decode(facts.encode("Sydney")) == "Sydney" and len(facts.encode(" 1977")) == 1
+    byte = get_vocabulary("byte")
+    assert isinstance(byte, seqio.ByteVocabulary) and byte.encode("ab") == [100, 101]
+    with pytest.raises(FileNotFoundError, match="no/such.model"):
+        get_vocabulary("no/such.model")
+
+
+def test_importing_again_registers_nothing_twice():
+    assert tasks.register_facts_tasks() == [
+        "facts_span_corruption", "facts_qa", "facts_fact_check",
+        "facts_span_corruption_byte", "facts_qa_byte", "facts_fact_check_byte",
+    ]
+
+
+@pytest.mark.parametrize("name", ["facts_span_corruption", "facts_qa", "facts_fact_check_byte"])
+def test_offline_tasks_yield_declared_shapes(name):
+    batch = next(tasks.BatchIterator(name, LENGTHS, batch_size=4))
+    for key, value in batch.items():
+        assert value.dtype == np.int32
+        assert value.shape == (4, LENGTHS["inputs" if key.startswith("encoder") else "targets"])
+    assert ("encoder_segment_ids" in batch) == (name == "facts_span_corruption")  # pretraining packs
+
+
+def test_qa_and_fact_check_text():
+    qa = tasks.preview("facts_qa", LENGTHS, split="validation")
+    assert qa.preprocessed["inputs"].startswith("trivia question: ") and qa.raw["answers"] == [qa.raw["targets"]]
+    check = tasks.preview("facts_fact_check", LENGTHS)
+    assert check.preprocessed["inputs"].startswith("fact check: ") and check.preprocessed["targets"] in ("true", "false")
+    assert check.ids["targets"][-1] == 1 and len(check.ids["targets"]) == 2  # one class token, EOS
+
+
+def test_span_corruption_noise_and_sentinels():
+    example = tasks.preview("facts_span_corruption", {"inputs": 128, "targets": 32})
+    vocab = get_vocabulary("facts")
+    sentinel = vocab.vocab_size - 1  # <extra_id_0>
+    assert example.ids["inputs"].count(sentinel) == 1 and example.ids["targets"][0] == sentinel
+    noise = len(example.ids["targets"]) - 1 - sum(i >= FACTS_VOCAB_SIZE for i in example.ids["targets"])
+    assert 0.10 < noise / (noise + len(example.ids["inputs"]) - 1) < 0.20  # 15% noise density
+
+
+def test_qa_metric_is_squad_em_and_f1():
+    task = tasks.get_task("facts_qa")
+    (metric,) = task.metric_fns
+    scores = metric([["Sydney"], ["Lisbon", "Lisboa"]], ["sydney", "Lisboa."])
+    assert scores == {"em": 100.0, "f1": 100.0}
+    assert task.postprocess_fn("x", example={"answers": [b"a", b"b"]}, is_target=True) == ["a", "b"]
