@@ -1,8 +1,10 @@
-"""Logical axis names → device mesh axes (T5X's rules), and sharding constraints on activations."""
+"""Device mesh, T5X's logical axis rules, and shardings for parameters, batches and activations."""
 import contextlib
 import contextvars
 
 import jax
+import numpy as np
+from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 # T5X's standard rules with 1-D parameter and activation partitioning: batch over 'data',
@@ -53,3 +55,49 @@ def constrain(x, axes):
         return x
     mesh, rules = active
     return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, logical_to_spec(axes, rules)))
+
+
+def make_mesh(num_partitions: int = 1, devices=None) -> jax.sharding.Mesh:
+    """A ('data', 'model') mesh: `num_partitions` devices per model replica (T5X's partitioner)."""
+    devices = jax.devices() if devices is None else devices
+    if len(devices) % num_partitions:
+        raise ValueError(f"num_partitions={num_partitions} does not divide the {len(devices)} devices")
+    grid = np.asarray(devices).reshape(len(devices) // num_partitions, num_partitions)
+    return jax.sharding.Mesh(grid, ("data", "model"))
+
+
+def param_shardings(state, mesh, rules=STANDARD_RULES):
+    """NamedSharding for every parameter of an `nnx.State`, from its logical axis names."""
+    specs = nnx.get_partition_spec(state)
+    return jax.tree.map(lambda spec: NamedSharding(mesh, logical_to_spec(spec, rules)), specs,
+                        is_leaf=lambda x: isinstance(x, PartitionSpec))
+
+
+def batch_sharding(mesh) -> NamedSharding:
+    """Batches are split over 'data' on their leading (batch) dimension."""
+    return NamedSharding(mesh, PartitionSpec("data"))
+
+
+def describe_mesh(mesh) -> str:
+    """One line per mesh axis and the device kinds: what the notebooks print."""
+    kinds = ", ".join(sorted({d.device_kind for d in mesh.devices.flat}))
+    axes = " x ".join(f"{name}={size}" for name, size in mesh.shape.items())
+    return f"Mesh {axes} over {mesh.devices.size} device(s) ({kinds}), {jax.process_count()} process(es)"
+
+
+def describe_sharding(state, mesh, rules=STANDARD_RULES) -> str:
+    """A table: each parameter's shape, logical axes and mesh partitioning."""
+    lines = [f"{'parameter':58s} {'shape':16s} {'logical axes':28s} mesh"]
+    for path, variable in nnx.to_flat_state(state):
+        axes = variable.get_metadata().get("out_sharding") or ()
+        spec = logical_to_spec(axes, rules)
+        shape = "x".join(map(str, variable.get_value().shape))
+        lines.append(f"{'/'.join(map(str, path)):58s} {shape:16s} {str(tuple(axes)):28s} {tuple(spec)}")
+    return "\n".join(lines)
+
+
+def initialize_distributed(coordinator_address=None, num_processes=None, process_id=None):
+    """Multi-host: join the other processes (a no-op for a single process without arguments)."""
+    if coordinator_address is None and num_processes is None:
+        return
+    jax.distributed.initialize(coordinator_address, num_processes, process_id)

@@ -1,0 +1,362 @@
+"""Training: T5X's loss and optimizer, sharded jitted train/eval steps, and the training loop."""
+import dataclasses
+import json
+import math
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import orbax.checkpoint as ocp
+from clu import metric_writers
+from flax import nnx, struct
+from tqdm.auto import tqdm
+
+from t5nb import mesh as mesh_lib
+from t5nb.config import T5Config
+from t5nb.model import Transformer
+from t5nb.system import time_matmul
+
+# Dense bf16 peak FLOP/s per chip, for the MFU estimate (CPU: measured at start instead).
+PEAK_FLOPS = {"TPU v5 lite": 197e12, "TPU v4": 275e12, "TPU v3": 123e12, "TPU v2": 45e12,
+              "NVIDIA H100": 989e12, "NVIDIA H200": 989e12, "NVIDIA A100": 312e12, "Tesla T4": 65e12,
+              "NVIDIA L4": 121e12}
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """How to optimise. `learning_rate=None` is T5X's pretraining `rsqrt_decay` with warmup."""
+
+    learning_rate: float | None = None  # fine-tuning: 1e-3 constant, as in T5X
+    warmup_steps: int = 10_000
+    optimizer: str = "adafactor"  # or "adamw"
+    z_loss: float = 1e-4
+    label_smoothing: float = 0.0
+    loss_normalizing_factor: float | None = None  # 233472 (2048*114) for MTF checkpoints
+    grad_accum_steps: int = 1
+    seed: int = 0
+
+
+def learning_rate_schedule(config: TrainConfig):
+    if config.learning_rate is not None:
+        return optax.constant_schedule(config.learning_rate)
+    return lambda step: 1.0 / jnp.sqrt(jnp.maximum(step, config.warmup_steps))
+
+
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    """optax's Adafactor with T5X's defaults, or AdamW."""
+    schedule = learning_rate_schedule(config)
+    if config.optimizer == "adafactor":
+        return optax.adafactor(schedule, decay_rate=0.8, clipping_threshold=1.0,
+                               multiply_by_parameter_scale=True, min_dim_size_to_factor=128)
+    if config.optimizer == "adamw":
+        return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
+    raise ValueError(f"unknown optimizer {config.optimizer!r}: use 'adafactor' or 'adamw'")
+
+
+def cross_entropy_with_z_loss(logits, targets, z_loss=1e-4, label_smoothing=0.0):
+    """T5X's loss per position: smoothed cross-entropy + z_loss * log(Z)^2 (and that term alone)."""
+    vocab = logits.shape[-1]
+    confidence, low = 1.0 - label_smoothing, label_smoothing / (vocab - 1)
+    normalizer = -(confidence * math.log(confidence) + (vocab - 1) * low * math.log(low + 1e-20))
+    log_z = jax.nn.logsumexp(logits, axis=-1)
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    # -sum(soft_targets * log_softmax) without materialising the one-hot [b, q, v]
+    loss = log_z - (confidence - low) * target_logit - low * jnp.sum(logits, axis=-1) - normalizer
+    z_term = z_loss * jnp.square(log_z)
+    return loss + z_term, z_term
+
+
+@struct.dataclass
+class TrainState:
+    step: jax.Array
+    params: dict  # nested dict of float32 arrays, T5X names
+    opt_state: optax.OptState
+
+
+def _loss_weights(batch):
+    if "decoder_loss_weights" in batch:
+        return batch["decoder_loss_weights"].astype(jnp.float32)
+    return (batch["decoder_target_tokens"] > 0).astype(jnp.float32)
+
+
+class Trainer:
+    """A model on a mesh, with its compiled, sharded train and eval steps."""
+
+    def __init__(self, model_config: T5Config, train_config: TrainConfig, mesh=None,
+                 rules=mesh_lib.STANDARD_RULES):
+        self.model_config, self.train_config = model_config, train_config
+        self.mesh = mesh if mesh is not None else mesh_lib.make_mesh()
+        self.rules = rules
+        self.optimizer = make_optimizer(train_config)
+        abstract = nnx.eval_shape(lambda: Transformer(model_config, rngs=nnx.Rngs(0)))
+        self.graphdef, abstract_params = nnx.split(abstract, nnx.Param)
+        self.param_state = abstract_params  # keeps the logical axis metadata
+        self.param_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(abstract_params, self.mesh, rules))
+        self.batch_sharding = mesh_lib.batch_sharding(self.mesh)
+        self._replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        self.compile_seconds = None
+        self._train_step = self._eval_step = None
+
+    # -- state ---------------------------------------------------------------------------
+    def init_params(self, seed: int | None = None) -> dict:
+        """Randomly initialised parameters, created directly with their shardings."""
+        seed = self.train_config.seed if seed is None else seed
+
+        def create():
+            return nnx.to_pure_dict(nnx.state(Transformer(self.model_config, rngs=nnx.Rngs(seed)), nnx.Param))
+
+        return jax.jit(create, out_shardings=self.param_shardings)()
+
+    def init_state(self, params: dict | None = None) -> TrainState:
+        """Step 0 with `params` (e.g. from a checkpoint) or a fresh initialisation."""
+        params = self.init_params() if params is None else jax.device_put(params, self.param_shardings)
+        opt_state = jax.jit(self.optimizer.init, out_shardings=self._opt_state_shardings(params))(params)
+        step = jax.device_put(jnp.zeros((), jnp.int32), self._replicated)
+        return TrainState(step=step, params=params, opt_state=opt_state)
+
+    def _opt_state_shardings(self, params):
+        """Optimizer statistics shaped like their parameter share its sharding; the rest
+        (Adafactor's factored rows/columns, counters) are replicated."""
+        abstract = jax.eval_shape(self.optimizer.init, params)
+        return optax.tree_map_params(
+            self.optimizer,
+            lambda leaf, param, sharding: sharding if leaf.shape == param.shape else self._replicated,
+            abstract, params, self.param_shardings,
+            transform_non_params=lambda _: self._replicated)
+
+    def model(self, params) -> Transformer:
+        """The NNX module holding `params` (for decoding, inspection, export)."""
+        state = jax.tree.map(lambda x: x, self.param_state)  # a fresh copy of the template
+        nnx.replace_by_pure_dict(state, params)
+        return nnx.merge(self.graphdef, state)
+
+    def shard_batch(self, batch: dict) -> dict:
+        """Process-local numpy batch -> global arrays split over 'data'."""
+        data = self.mesh.shape["data"] * self.train_config.grad_accum_steps
+        for name, array in batch.items():
+            global_rows = array.shape[0] * jax.process_count()
+            if global_rows % data:
+                raise ValueError(f"global batch {global_rows} ({name}) is not divisible by the "
+                                 f"data-parallel degree {self.mesh.shape['data']} x grad_accum_steps "
+                                 f"{self.train_config.grad_accum_steps}")
+        return {name: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(array))
+                for name, array in batch.items()}
+
+    # -- steps ---------------------------------------------------------------------------
+    def _sums(self, params, batch, dropout_key):
+        """Summed loss (what we differentiate) and the metric sums of one (micro)batch."""
+        model = self.model(params)
+        rngs = nnx.Rngs(dropout=dropout_key) if dropout_key is not None else None
+        logits = model(batch["encoder_input_tokens"], batch["decoder_input_tokens"], batch["decoder_target_tokens"],
+                       batch.get("encoder_segment_ids"), batch.get("decoder_segment_ids"), rngs=rngs)
+        targets, weights = batch["decoder_target_tokens"], _loss_weights(batch)
+        loss, z_term = cross_entropy_with_z_loss(logits, targets, self.train_config.z_loss,
+                                                 self.train_config.label_smoothing)
+        sums = {"loss": jnp.sum(loss * weights), "z_loss": jnp.sum(z_term * weights),
+                "correct": jnp.sum((jnp.argmax(logits, -1) == targets) * weights), "weight": jnp.sum(weights),
+                "sequences": jnp.sum(jnp.any(weights > 0, axis=-1))}
+        return sums["loss"], sums
+
+    def _train_step_fn(self, state: TrainState, batch):
+        cfg = self.train_config
+        dropout_key = (jax.random.fold_in(jax.random.key(cfg.seed), state.step)
+                       if self.model_config.dropout_rate > 0 else None)
+        grad_fn = jax.grad(self._sums, has_aux=True)
+        if cfg.grad_accum_steps == 1:
+            grads, sums = grad_fn(state.params, batch, dropout_key)
+        else:
+            micro = jax.tree.map(lambda x: x.reshape(cfg.grad_accum_steps, -1, *x.shape[1:]), batch)
+
+            def accumulate(carry, inputs):
+                index, microbatch = inputs
+                key = None if dropout_key is None else jax.random.fold_in(dropout_key, index)
+                grads, sums = grad_fn(state.params, microbatch, key)
+                return jax.tree.map(jnp.add, carry, (grads, sums)), None
+
+            zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro), dropout_key))
+            (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(cfg.grad_accum_steps), micro))
+        normalizer = cfg.loss_normalizing_factor or jnp.maximum(sums["weight"], 1.0)
+        grads = jax.tree.map(lambda g: g / normalizer, grads)
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        sums = {**sums, "grad_norm": optax.global_norm(grads),
+                "learning_rate": learning_rate_schedule(cfg)(state.step)}
+        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), sums
+
+    def train_step(self, state: TrainState, batch: dict):
+        """One optimizer step on a sharded batch; returns the new state and metric sums."""
+        if self._train_step is None:
+            state_shardings = jax.tree.map(lambda x: x.sharding, state)
+            jitted = jax.jit(self._train_step_fn, in_shardings=(state_shardings, self.batch_sharding),
+                             out_shardings=(state_shardings, None), donate_argnums=0)
+            start = time.perf_counter()
+            with mesh_lib.activation_sharding(self.mesh, self.rules):
+                self._train_step = jitted.lower(state, batch).compile()
+            self.compile_seconds = time.perf_counter() - start
+        return self._train_step(state, batch)
+
+    def eval_step(self, params: dict, batch: dict) -> dict:
+        """Teacher-forced metric sums on a batch (T5X's train_eval)."""
+        if self._eval_step is None:
+            with mesh_lib.activation_sharding(self.mesh, self.rules):
+                self._eval_step = jax.jit(lambda p, b: self._sums(p, b, None)[1]).lower(params, batch).compile()
+        return self._eval_step(params, batch)
+
+    def step_flops(self) -> float | None:
+        """FLOPs of one train step from XLA's cost analysis of the compiled step."""
+        analysis = self._train_step.cost_analysis() if self._train_step is not None else None
+        if isinstance(analysis, list):
+            analysis = analysis[0] if analysis else None
+        return float(analysis["flops"]) if analysis and "flops" in analysis else None
+
+
+def finalize(sums: dict) -> dict:
+    """Metric sums (host numpy) -> per-token averages, as logged."""
+    weight = max(float(sums["weight"]), 1.0)
+    out = {"loss": sums["loss"] / weight, "z_loss": sums["z_loss"] / weight, "accuracy": sums["correct"] / weight}
+    for name in ("grad_norm", "learning_rate"):
+        if name in sums:
+            out[name] = sums[name]
+    return {name: float(value) for name, value in out.items()}
+
+
+def evaluate(trainer: Trainer, params: dict, batches) -> dict:
+    """Teacher-forced loss and token accuracy over an iterable of batches."""
+    total = None
+    for batch in batches:
+        sums = trainer.eval_step(params, trainer.shard_batch(batch))
+        total = sums if total is None else jax.tree.map(jnp.add, total, sums)
+    if total is None:
+        raise ValueError("evaluate() got no batches")
+    return finalize(jax.device_get(total))
+
+
+# -- checkpoints of our own runs ---------------------------------------------------------
+class RunCheckpoints:
+    """Orbax checkpoints of a run: train state plus data-iterator position; keeps the last K."""
+
+    def __init__(self, directory, keep: int = 3):
+        self.directory = pathlib.Path(directory).resolve()
+        self.manager = ocp.CheckpointManager(
+            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+
+    def latest_step(self) -> int | None:
+        return self.manager.latest_step()
+
+    def save(self, state: TrainState, data_state: dict) -> None:
+        step = int(jax.device_get(state.step))
+        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
+                                                        data=ocp.args.JsonSave(data_state)))
+
+    def restore(self, like: TrainState, step: int | None = None):
+        """(state, data_state) of `step` (default: latest), placed like `like`."""
+        step = self.latest_step() if step is None else step
+        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
+        return restored["state"], restored["data"]
+
+    def wait(self) -> None:
+        self.manager.wait_until_finished()
+
+
+def _peak_flops(mesh) -> float:
+    kind = mesh.devices.flat[0].device_kind
+    for name, peak in PEAK_FLOPS.items():
+        if kind.startswith(name):
+            return peak * mesh.devices.size
+    return time_matmul(1024) * mesh.devices.size  # CPU: measured fp32 matmul rate
+
+
+@dataclasses.dataclass
+class TrainResult:
+    state: TrainState
+    history: list  # one dict of metrics per log point
+    train_eval: list  # (step, metrics) per evaluation
+
+
+def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=None, eval_every: int = 0,
+          checkpoint_every: int = 0, keep_checkpoints: int = 3, log_every: int = 50, state=None,
+          task_name: str = "train_eval", on_log=None, progress: bool = True) -> TrainResult:
+    """Train until the global step reaches `num_steps`, resuming from `model_dir` if it holds checkpoints.
+
+    `num_steps` counts from the start of the run that wrote step 0: to fine-tune a checkpoint
+    trained for N steps by another K, pass N + K (as T5X's TRAIN_STEPS). `batches` yields numpy
+    batches; if it has `get_state()`/`set_state()` its position is checkpointed and restored, so
+    a resumed run sees exactly the batches an uninterrupted one would. `eval_batches` is a
+    callable returning an iterable of batches. `on_log(step, metrics)` is called at log points
+    (the live plot). Metrics stay on the device between log points: no host sync per step.
+    """
+    model_dir = pathlib.Path(model_dir)
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.json").write_text(json.dumps(
+        {"model": {k: str(v) for k, v in dataclasses.asdict(trainer.model_config).items()},
+         "train": dataclasses.asdict(trainer.train_config)}, indent=2))
+    checkpoints = RunCheckpoints(model_dir / "checkpoints", keep_checkpoints) if checkpoint_every else None
+    state = trainer.init_state() if state is None else state
+    if checkpoints is not None and checkpoints.latest_step() is not None:
+        state, data_state = checkpoints.restore(state)
+        if hasattr(batches, "set_state"):
+            batches.set_state(data_state)
+    writer = metric_writers.create_default_writer(str(model_dir / "train"), just_logging=jax.process_index() > 0)
+    eval_writer = metric_writers.create_default_writer(str(model_dir / "training_eval" / task_name),
+                                                       just_logging=jax.process_index() > 0)
+    step = int(jax.device_get(state.step))
+    history, train_eval, pending = [], [], []
+    last_good = checkpoints.latest_step() if checkpoints else None
+    peak = flops = None
+    bar = tqdm(total=num_steps, initial=step, desc="train", unit="step", disable=not progress)
+    tick = time.perf_counter()
+
+    def flush():
+        """Fetch the metrics of the steps since the last flush (one host sync), log them."""
+        nonlocal tick, peak, flops, pending
+        sums = jax.device_get(pending)
+        elapsed = time.perf_counter() - tick
+        total = {k: np.sum([s[k] for s in sums]) for k in ("loss", "z_loss", "correct", "weight", "sequences")}
+        metrics = finalize({**total, **{k: sums[-1][k] for k in ("grad_norm", "learning_rate")}})
+        if not all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")):
+            where = f"last good checkpoint: step {last_good} in {checkpoints.directory}" if last_good is not None else "no checkpoint was written"
+            raise FloatingPointError(f"loss became {metrics['loss']} (grad norm {metrics['grad_norm']}) "
+                                     f"between steps {step - len(sums)} and {step}; stopped, {where}")
+        if flops is None:
+            flops, peak = trainer.step_flops(), _peak_flops(trainer.mesh)
+        metrics["seqs_per_s"] = float(total["sequences"]) / elapsed
+        metrics["target_tokens_per_s"] = float(total["weight"]) / elapsed
+        if flops:
+            metrics["mfu"] = flops * len(sums) / elapsed / peak
+        metrics["compile_s"] = trainer.compile_seconds
+        writer.write_scalars(step, metrics)
+        history.append({"step": step, **metrics})
+        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}")
+        if on_log is not None:
+            on_log(step, metrics)
+        pending, tick = [], time.perf_counter()
+
+    while step < num_steps:
+        batch = trainer.shard_batch(next(batches))
+        state, sums = trainer.train_step(state, batch)
+        if not history and not pending:
+            tick = time.perf_counter()  # the first call compiled: leave that out of the throughput
+        step += 1
+        pending.append(sums)
+        bar.update(1)
+        at_checkpoint = checkpoints is not None and (step % checkpoint_every == 0 or step == num_steps)
+        if step % log_every == 0 or at_checkpoint or step == num_steps:
+            flush()
+        if eval_batches is not None and eval_every and (step % eval_every == 0 or step == num_steps):
+            metrics = evaluate(trainer, state.params, eval_batches())
+            eval_writer.write_scalars(step, metrics)
+            train_eval.append((step, metrics))
+        if at_checkpoint:
+            checkpoints.save(state, batches.get_state() if hasattr(batches, "get_state") else {})
+            last_good = step
+    bar.close()
+    if checkpoints is not None:
+        checkpoints.wait()
+    writer.flush()
+    eval_writer.flush()
+    return TrainResult(state=state, history=history, train_eval=train_eval)
