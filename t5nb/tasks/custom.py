@@ -15,6 +15,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from t5nb.tasks.batching import is_pretraining
 from t5nb.tasks.recipes import add_task, get_task
 
 FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".txt": "text"}
@@ -163,7 +164,9 @@ def describe(task, split: str = "train", feature_lengths: dict | None = None,
     truncate, per feature, measured on (at most `max_examples`) preprocessed examples."""
     task = get_task(task)
     feature_lengths = feature_lengths or {"inputs": 512, "targets": 114}
-    dataset = task.get_dataset(feature_lengths, split=split, shuffle=False, trim_output_features=False)
+    # Untrimmed lengths; span corruption needs its lengths to cut the text, so it never truncates.
+    lengths_to_apply = feature_lengths if is_pretraining(task) else None
+    dataset = task.get_dataset(lengths_to_apply, split=split, shuffle=False, trim_output_features=False)
     lengths = {feature: [] for feature in task.output_features}
     for example in dataset.take(max_examples).as_numpy_iterator():
         for feature in lengths:

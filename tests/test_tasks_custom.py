@@ -1,0 +1,83 @@
+"""Custom tasks from TSV, CSV, JSONL and text files; every bad input names file, line, field."""
+import re
+
+import numpy as np
+import pytest
+
+import t5nb.tasks as tasks
+from t5nb.tasks import TaskDataError, TaskNameError, register_task
+
+LENGTHS = {"inputs": 32, "targets": 8}
+QA_FIELDS = {"inputs": "question", "targets": "answer"}
+
+
+def _write(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return path
+
+
+def test_tsv_task_with_split_ratio_prefix_and_metric(tmp_path):
+    rows = "".join(f"what is {i} plus one?\t{i + 1}\n" for i in range(40))
+    path = _write(tmp_path, "sums.tsv", "question\tanswer\n" + rows)
+    task = register_task("custom_sums", path, fields=QA_FIELDS, prefix="sum: ", split_ratio=0.75, metric="squad",
+                         vocabulary="byte")
+    assert task.num_input_examples("train") == 30 and task.num_input_examples("validation") == 10
+    shown = tasks.preview("custom_sums", LENGTHS, split="validation")
+    assert shown.preprocessed["inputs"] == "sum: " + shown.raw["inputs"]
+    batch = next(tasks.BatchIterator("custom_sums", LENGTHS, 5))
+    assert batch["encoder_input_tokens"].shape == (5, 32) and "encoder_segment_ids" not in batch
+    report = tasks.describe("custom_sums", "train", {"inputs": 20, "targets": 8})
+    assert report["examples"] == 30 and report["targets"]["max"] <= 3
+    assert report["inputs"]["p50"] == 26 and report["inputs"]["truncated"] == 1.0  # "sum: what is NN plus one?" + EOS
+
+
+def test_csv_split_files_and_jsonl_aliases(tmp_path):
+    train = _write(tmp_path, "train.csv", 'q,a\n"Paris, France?",yes\nRome?,no\n')
+    validation = _write(tmp_path, "validation.csv", "q,a\nOslo?,yes\n")
+    task = register_task("custom_csv", {"train": train, "validation": validation}, fields={"inputs": "q", "targets": "a"},
+                         metric="accuracy")
+    assert task.num_input_examples("train") == 2 and tasks.preview(task).raw["inputs"] == "Paris, France?"
+    rows = '{"question": "Capital of Italy?", "answer": ["Rome", "Roma"]}\n'
+    path = _write(tmp_path, "qa.jsonl", rows)
+    task = register_task("custom_jsonl", path, fields={"inputs": "question", "targets": "answer", "answers": "answer"})
+    assert tasks.preview(task).raw["answers"] == ["Rome", "Roma"]
+
+
+def test_text_file_becomes_span_corruption(tmp_path):
+    path = _write(tmp_path, "book.txt", "".join(f"line {i} of a small book about t5.\n" for i in range(200)))
+    register_task("custom_book", path, vocabulary="facts")
+    batch = next(tasks.BatchIterator("custom_book", {"inputs": 64, "targets": 16}, 2))
+    assert batch["encoder_segment_ids"].shape == (2, 64) and np.all(batch["encoder_input_tokens"][:, 0] > 0)
+
+
+@pytest.mark.parametrize("name, content, fields, message", [
+    ("bad.tsv", "question\tanswer\nhow?\tthis\tthat\n", QA_FIELDS,
+     r"bad.tsv, line 2: malformed row: 3 fields, the header \(line 1\) has 2"),
+    ("bad.csv", 'question,answer\n"unclosed,quote\n', QA_FIELDS, r"bad.csv, line 2: malformed row"),
+    ("bad.jsonl", '{"question": "a", "answer": "b"}\n{"question": \n', QA_FIELDS, r"bad.jsonl, line 2: malformed row, not JSON"),
+    ("missing.jsonl", '{"question": "a", "answer": "b"}\n{"question": "c"}\n', QA_FIELDS,
+     r"missing.jsonl, line 2, field 'answer': missing field \(the row has \['question'\]\)"),
+    ("missing.tsv", "question\treply\nhow?\tso\n", QA_FIELDS, r"missing.tsv, line 2, field 'answer': missing field"),
+    ("empty.tsv", "question\tanswer\nfine?\tyes\nempty?\t \n", QA_FIELDS, r"empty.tsv, line 3, field 'answer': empty target"),
+    ("latin1.tsv", "question\tanswer\nok?\tyes\n".encode() + b"caf\xe9?\tyes\n", QA_FIELDS,
+     r"latin1.tsv, line 3: invalid UTF-8 \(byte 3 of the line\)"),
+])
+def test_bad_input_names_file_line_and_field(tmp_path, name, content, fields, message):
+    path = _write(tmp_path, name, content)
+    with pytest.raises(TaskDataError, match=message):
+        register_task("custom_bad", path, fields=fields)
+
+
+def test_duplicate_registration_is_an_error(tmp_path):
+    path = _write(tmp_path, "once.tsv", "question\tanswer\na?\tb\n")
+    register_task("custom_once", path, fields=QA_FIELDS)
+    with pytest.raises(TaskNameError, match="a task or mixture called 'custom_once' is already registered"):
+        register_task("custom_once", path, fields=QA_FIELDS)
+
+
+def test_unknown_task_or_mixture_name_suggests_close_ones():
+    with pytest.raises(TaskNameError, match=re.escape("no task or mixture called 'facts_q' is registered; did you mean 'facts_qa'")):
+        tasks.BatchIterator("facts_q", LENGTHS, 2)
+    with pytest.raises(TaskNameError, match="no task or mixture called 'nothing_like_it' is registered$"):
+        tasks.describe("nothing_like_it")
