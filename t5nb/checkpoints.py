@@ -91,16 +91,24 @@ def flatten(tree: dict) -> dict[str, np.ndarray]:
     return flat
 
 
-def check_params(config: T5Config, flat: dict) -> None:
-    """Raise one `CheckpointError` naming the first missing, unexpected or mis-shaped key."""
+def check_params(config: T5Config, flat: dict, source_names: dict[str, str] | None = None) -> None:
+    """Raise one `CheckpointError` naming the first mis-shaped, missing or unexpected key.
+
+    `source_names` maps t5nb paths to the checkpoint's own names, shown beside them.
+    """
     expected = abstract_params(config)
-    problems = [f"{k}: missing from the checkpoint (model expects shape {tuple(v.shape)})"
-                for k, v in expected.items() if k not in flat]
-    problems += [f"{k}: unexpected in the checkpoint (shape {tuple(np.shape(v))}), not a parameter "
-                 f"of this model" for k, v in flat.items() if k not in expected]
-    problems += [f"{k}: model expects shape {tuple(expected[k].shape)}, checkpoint has shape "
-                 f"{tuple(np.shape(v))}" for k, v in flat.items()
-                 if k in expected and tuple(np.shape(v)) != tuple(expected[k].shape)]
+    source_names = source_names or {}
+
+    def key(path):
+        return f"{path} ({source_names[path]})" if path in source_names else path
+
+    problems = [f"{key(k)}: model expects shape {tuple(expected[k].shape)}, checkpoint has shape "
+                f"{tuple(np.shape(v))}" for k, v in flat.items()
+                if k in expected and tuple(np.shape(v)) != tuple(expected[k].shape)]
+    problems += [f"{key(k)}: missing from the checkpoint (model expects shape {tuple(v.shape)})"
+                 for k, v in expected.items() if k not in flat]
+    problems += [f"{key(k)}: unexpected in the checkpoint (shape {tuple(np.shape(v))}), not a "
+                 f"parameter of this model" for k, v in flat.items() if k not in expected]
     if problems:
         more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
         raise CheckpointError(problems[0] + more)
@@ -191,7 +199,8 @@ def read_hf_checkpoint(directory) -> tuple[T5Config, dict[str, np.ndarray]]:
         path, transposed = names[name]
         array = np.asarray(array, np.float32)
         flat[path] = array.T if transposed else array
-    check_params(config, flat)
+    check_params(config, flat, {path: f"HF {name}" + (", transposed" if transposed else "")
+                                for name, (path, transposed) in names.items()})
     return config, flat
 
 

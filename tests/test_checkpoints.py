@@ -13,6 +13,7 @@ from flax import nnx, serialization
 from t5nb import checkpoints
 from t5nb.config import get_config
 from t5nb.model import Transformer
+from test_model import forward, random_params, shift_right, tokens
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -38,31 +39,17 @@ def data_file(relative: str) -> pathlib.Path:
     return path
 
 
-def padded_batch(vocab_size: int):
-    """Encoder inputs [3, 12] and targets [3, 9] with a different length per row, ending in EOS."""
-    rng = np.random.default_rng(0)
-
-    def rows(width, lengths):
-        tokens = np.zeros((len(lengths), width), np.int64)
-        for row, length in enumerate(lengths):
-            tokens[row, :length - 1] = rng.integers(2, vocab_size, length - 1)
-            tokens[row, length - 1] = 1
-        return tokens
-
-    inputs, targets = rows(12, [12, 7, 3]), rows(9, [9, 5, 2])
-    decoder_inputs = np.concatenate([np.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
-    return inputs, decoder_inputs, targets
-
-
 def max_logit_diff(model, hf_model) -> float:
-    """Largest |t5nb - transformers| logit over the non-padded targets of `padded_batch`."""
-    inputs, decoder_inputs, targets = padded_batch(model.config.vocab_size)
-    ours = np.asarray(model(jnp.asarray(inputs), jnp.asarray(decoder_inputs), jnp.asarray(targets)))
+    """Largest |t5nb - transformers| logit over the real targets of a padded batch."""
+    rng = np.random.default_rng(0)
+    inputs, targets = tokens(rng, [12, 7, 3], 12), tokens(rng, [9, 5, 2], 9)
+    ours = np.asarray(forward(model, inputs, targets))
     with torch.no_grad():
-        theirs = hf_model(input_ids=torch.tensor(inputs), attention_mask=torch.tensor(inputs > 0),
-                          decoder_input_ids=torch.tensor(decoder_inputs)).logits.numpy()
-    assert np.abs(theirs).max() > 0.1  # not a degenerate model
-    return float(np.abs(ours - theirs)[targets > 0].max())
+        theirs = hf_model(input_ids=torch.tensor(np.asarray(inputs), dtype=torch.long),
+                          attention_mask=torch.tensor(np.asarray(inputs) > 0),
+                          decoder_input_ids=torch.tensor(np.asarray(shift_right(targets)), dtype=torch.long)).logits
+    assert theirs.abs().max() > 0.1  # not a degenerate model
+    return float(np.abs(ours - theirs.numpy())[np.asarray(targets) > 0].max())
 
 
 def hf_param_count(hf_model) -> int:
@@ -93,10 +80,7 @@ def random_t5nb_model(preset: str):
     """t5nb's own random init, with random norm scales (they start at one)."""
     config = get_config(preset, vocab_size=VOCAB, dropout_rate=0.0)
     params = checkpoints.model_params(Transformer(config, rngs=nnx.Rngs(0)))
-    rng = np.random.default_rng(0)
-    for path in params:
-        if path.endswith("/scale"):
-            params[path] = rng.uniform(0.5, 1.5, params[path].shape).astype(np.float32)
+    params.update({path: value for path, value in random_params(config).items() if path.endswith("scale")})
     return checkpoints.model_from_params(config, params)
 
 
@@ -140,3 +124,118 @@ def test_real_t5x_checkpoint_matches_transformers_after_export(tmp_path):
     diff = max_logit_diff(model, hf_model)
     print(f"T5X checkpoint vs HF: max |logit diff| {diff:.2e}")
     assert diff < TOLERANCE
+
+
+def write_t5x_native_checkpoint(directory: pathlib.Path, params: dict) -> pathlib.Path:
+    """A `checkpoint_<step>` dir as T5X writes it: msgpack `checkpoint` whose leaves are inline
+    arrays (norm scales) or tensorstore zarr specs with paths relative to the dir: gzip, chunks
+    smaller than the arrays, bf16 for the encoder, f32 elsewhere, and one spec in T5X's older
+    gcs form (path on top, dummy bucket) as a checkpoint written to gs:// and copied here has."""
+    checkpoint_dir = directory / "checkpoint_100"
+    target = {}
+    for path, value in params.items():
+        name = "target." + path.replace("/", ".")
+        dtype = "bfloat16" if path.startswith("encoder/") else "float32"
+        metadata = {"compressor": {"id": "gzip"}, "shape": list(value.shape),
+                    "chunks": [max(1, (n + 1) // 2) for n in value.shape]}
+        spec = {"driver": "zarr", "dtype": dtype, "kvstore": {"driver": "file", "path": name}, "metadata": metadata}
+        if path.endswith("scale"):
+            leaf = value
+        else:
+            store = ts.open({**spec, "kvstore": {"driver": "file", "path": str(checkpoint_dir / name)}},
+                            create=True).result()
+            store.write(value.astype(jnp.bfloat16) if dtype == "bfloat16" else value).result()
+            leaf = ts.Spec(spec).to_json()
+            if path == "decoder/relpos_bias/rel_embedding":
+                leaf = {**spec, "kvstore": {"driver": "gcs", "bucket": "t5x-dummy-bucket"}, "path": name}
+        node = target
+        *parents, last = path.split("/")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = leaf
+    contents = {"version": 3, "optimizer": {"target": target, "state": {"step": np.int32(100)}}}
+    (checkpoint_dir / "checkpoint").write_bytes(serialization.msgpack_serialize(contents))
+    return checkpoint_dir
+
+
+def test_native_t5x_zarr_layout_round_trips(tmp_path):
+    config = get_config("t5.1.1-tiny", vocab_size=VOCAB, dropout_rate=0.0)
+    params = random_params(config)
+    checkpoint_dir = write_t5x_native_checkpoint(tmp_path, params)
+    chunks = [p.name for p in (checkpoint_dir / "target.token_embedder.embedding").iterdir()]
+    assert ".zarray" in chunks and len(chunks) == 5  # 2 x 2 chunks
+    for path in (checkpoint_dir, checkpoint_dir / "checkpoint"):
+        restored = checkpoints.read_t5x_checkpoint(path)
+        assert restored.keys() == params.keys()
+        for key, value in params.items():
+            if key.startswith("encoder/") and not key.endswith("scale"):
+                value = value.astype(jnp.bfloat16).astype(np.float32)
+            np.testing.assert_array_equal(restored[key], value, err_msg=key)
+    model = checkpoints.load_t5x(checkpoint_dir, config)
+    np.testing.assert_array_equal(checkpoints.model_params(model)["decoder/logits_dense/kernel"],
+                                  params["decoder/logits_dense/kernel"])
+
+
+def test_official_vocabulary_gives_the_golden_ids():
+    seqio = pytest.importorskip("seqio")
+    vocab = seqio.SentencePieceVocabulary(str(data_file("vocab/cc_all.32000.sentencepiece.model")), extra_ids=100)
+    assert vocab.encode("translate English to German: The house is wonderful.") == [
+        13959, 1566, 12, 2968, 10, 37, 629, 19, 1627, 5]
+    assert vocab.encode("summarize: studies have shown that owning a dog is good for you") == [
+        21603, 10, 2116, 43, 2008, 24, 293, 53, 3, 9, 1782, 19, 207, 21, 25]
+    assert vocab.encode("<extra_id_0>") == [32099] and vocab.encode("<extra_id_99>") == [32000]
+    assert (vocab.pad_id, vocab.eos_id, vocab.unk_id, vocab.vocab_size) == (0, 1, 2, 32100)
+
+
+# -- errors: one message naming the key and both shapes ---------------------------------------
+@pytest.fixture
+def hf_dir(tmp_path):
+    config = get_config("t5.1.1-tiny", vocab_size=VOCAB, dropout_rate=0.0)
+    checkpoints.save_hf(checkpoints.model_from_params(config, random_params(config)), tmp_path)
+    return tmp_path
+
+
+def edit_safetensors(directory, edit):
+    path = directory / "model.safetensors"
+    tensors = safetensors.numpy.load_file(path)
+    edit(tensors)
+    safetensors.numpy.save_file(tensors, path, metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.update({"encoder.block.1.layer.0.SelfAttention.q.weight": np.zeros((11, 8), np.float32)}),
+     r"^encoder/layers_1/attention/query/kernel \(HF encoder\.block\.1\.layer\.0\.SelfAttention\.q\.weight, "
+     r"transposed\): model expects shape \(8, 12\), checkpoint has shape \(8, 11\)$"),
+    (lambda t: t.pop("decoder.final_layer_norm.weight"),
+     r"^decoder/decoder_norm/scale \(HF decoder\.final_layer_norm\.weight\): missing from the checkpoint "
+     r"\(model expects shape \(8,\)\)$"),
+    (lambda t: t.update({"encoder.block.2.layer.0.layer_norm.weight": np.ones(8, np.float32)}),
+     r"^encoder\.block\.2\.layer\.0\.layer_norm\.weight: unexpected in the checkpoint \(shape \(8,\)\)"),
+], ids=["wrong-shape", "missing", "unexpected"])
+def test_hf_checkpoint_that_does_not_fit_fails_with_one_clear_message(hf_dir, edit, message):
+    edit_safetensors(hf_dir, edit)
+    with pytest.raises(checkpoints.CheckpointError, match=message):
+        checkpoints.load_hf(hf_dir)
+
+
+def test_hf_unknown_layout_is_refused(hf_dir):
+    config = json.loads((hf_dir / "config.json").read_text())
+    (hf_dir / "config.json").write_text(json.dumps({**config, "feed_forward_proj": "gated-silu"}))
+    with pytest.raises(checkpoints.CheckpointError, match="unsupported.*feed_forward_proj='gated-silu'"):
+        checkpoints.load_hf(hf_dir)
+
+
+def test_t5x_checkpoint_into_the_wrong_config_names_key_and_shapes():
+    path = data_file("t5x/test_t5_tiny.checkpoint_0")
+    with pytest.raises(checkpoints.CheckpointError,
+                       match=r"^decoder/decoder_norm/scale: model expects shape \(16,\), checkpoint has "
+                             r"shape \(8,\) \(and \d+ more problems\)$"):
+        checkpoints.load_t5x(path, get_config("t5-tiny"))
+
+
+def test_t5x_unknown_layout_and_missing_path_are_refused(tmp_path):
+    (tmp_path / "not_t5x").write_bytes(serialization.msgpack_serialize({"params": {"w": np.zeros(2)}}))
+    with pytest.raises(checkpoints.CheckpointError, match=r"unknown layout.*\['params'\]"):
+        checkpoints.read_t5x_checkpoint(tmp_path / "not_t5x")
+    with pytest.raises(checkpoints.CheckpointError, match="no T5X checkpoint there"):
+        checkpoints.read_t5x_checkpoint(tmp_path / "checkpoint_7")

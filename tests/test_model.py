@@ -1,0 +1,92 @@
+"""Model behaviour: cached decoding equals the full decoder, padding is inert, preset sizes."""
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from t5nb.checkpoints import abstract_params, model_from_params
+from t5nb.config import get_config
+from t5nb.model import Transformer
+
+VOCAB = 64
+# Published sizes (vocab 32128): T5 paper / T5X model cards, T5.1.1 checkpoints.
+PUBLISHED_SIZES = {
+    "t5-small": "60.5M", "t5-base": "222.9M", "t5-large": "737.7M", "t5-3b": "2.85B", "t5-11b": "11.3B",
+    "t5.1.1-small": "77.0M", "t5.1.1-base": "247.6M", "t5.1.1-large": "783.2M",
+    "t5.1.1-xl": "2.85B", "t5.1.1-xxl": "11.1B",
+}
+
+
+def random_params(config, seed: int = 0) -> dict:
+    """Random parameters by path (numpy: faster than tracing nnx's initialisers on a CPU)."""
+    rng = np.random.default_rng(seed)
+    params = {}
+    for path, abstract in abstract_params(config).items():
+        shape = abstract.shape
+        if path.endswith("scale"):  # norms: not all ones, so that a misplaced norm shows
+            params[path] = rng.uniform(0.5, 1.5, shape).astype(np.float32)
+        else:
+            std = 1.0 if path.endswith("embedding") else shape[0] ** -0.5
+            params[path] = rng.normal(0.0, std, shape).astype(np.float32)
+    return params
+
+
+def random_model(preset: str, seed: int = 0) -> Transformer:
+    config = get_config(preset, vocab_size=VOCAB, dropout_rate=0.0)
+    return model_from_params(config, random_params(config, seed))
+
+
+def tokens(rng, lengths, width):
+    """[len(lengths), width] random ids ending in EOS (1), padded with 0."""
+    out = np.zeros((len(lengths), width), np.int32)
+    for row, length in enumerate(lengths):
+        out[row, :length - 1] = rng.integers(2, VOCAB, length - 1)
+        out[row, length - 1] = 1
+    return jnp.asarray(out)
+
+
+def shift_right(targets):
+    return jnp.concatenate([jnp.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
+
+
+forward = nnx.jit(lambda model, inputs, targets: model(inputs, shift_right(targets), targets))
+
+
+@pytest.mark.parametrize("preset", ["t5-tiny", "t5.1.1-tiny"])
+def test_cached_decoding_matches_the_full_decoder_step_by_step(preset):
+    model = random_model(preset)
+    rng = np.random.default_rng(0)
+    inputs, targets = tokens(rng, [9, 4], 9), tokens(rng, [7, 4], 7)
+    decoder_inputs = shift_right(targets)
+    full = np.asarray(forward(model, inputs, targets))
+    # a cache longer than the targets: the unused positions must stay masked
+    cache = nnx.jit(lambda model, inputs: model.init_cache(model.encode(inputs), inputs, 10))(model, inputs)
+    step = nnx.jit(lambda model, token, cache: model.decode_step(token, cache))
+    worst = 0.0
+    for position in range(targets.shape[1]):
+        logits, cache = step(model, decoder_inputs[:, position], cache)
+        valid = np.asarray(targets[:, position] > 0)
+        diff = np.abs(np.asarray(logits) - full[:, position])[valid].max()
+        assert diff < 1e-5, f"position {position}: max |diff| {diff}"
+        worst = max(worst, float(diff))
+    assert int(cache["index"]) == targets.shape[1]
+    print(f"{preset}: cached vs full decoder, max |logit diff| {worst:.2e}")
+
+
+def test_padding_does_not_change_the_logits_of_real_tokens():
+    model = random_model("t5.1.1-tiny")
+    rng = np.random.default_rng(1)
+    inputs, targets = tokens(rng, [6, 3], 6), tokens(rng, [5, 2], 5)
+    logits = np.asarray(forward(model, inputs, targets))
+    padded = np.asarray(forward(model, jnp.pad(inputs, ((0, 0), (0, 4))), jnp.pad(targets, ((0, 0), (0, 3)))))
+    valid = np.asarray(targets > 0)
+    np.testing.assert_allclose(padded[:, :5][valid], logits[valid], atol=1e-5)
+    assert np.abs(padded[:, :5][valid] - logits[valid]).max() < 1e-5
+
+
+def test_preset_parameter_counts_match_published_sizes():
+    for name, published in PUBLISHED_SIZES.items():
+        count = sum(int(np.prod(v.shape)) for v in abstract_params(get_config(name)).values())
+        number, unit = published[:-1], {"M": 1e6, "B": 1e9}[published[-1]]
+        print(f"{name}: {count:,} parameters (published {published})")
+        assert round(count / unit, len(number.split(".")[1])) == float(number), name
