@@ -23,17 +23,17 @@ def is_pretraining(task) -> bool:
 
 def get_dataset(task, feature_lengths: dict, batch_size: int, *, split: str = "train",
                 pack: bool | None = None, shuffle: bool = True, seed: int = 0,
-                num_epochs: int | None = None) -> tf.data.Dataset:
+                num_epochs: int | None = None, try_in_mem_cache: bool = True) -> tf.data.Dataset:
     """Batched model features from `seqio.EncDecFeatureConverter` (packing pretraining tasks
     unless `pack` says otherwise); the same `seed` gives the same batches, in the same order.
-    `num_epochs=None` repeats forever; the last partial batch is dropped."""
+    `num_epochs=None` repeats forever; the last partial batch is dropped. `try_in_mem_cache`
+    must be False under `tfds.testing.mock_data`."""
     task = get_task(task)
     pack = is_pretraining(task) if pack is None else pack
-    return seqio.get_dataset(
-        task, task_feature_lengths=feature_lengths, dataset_split=split, shuffle=shuffle,
-        num_epochs=num_epochs, seed=seed if shuffle else None, batch_size=batch_size,
-        feature_converter=seqio.EncDecFeatureConverter(pack=pack), verbose=False,
-    )
+    dataset = task.get_dataset(feature_lengths, split=split, shuffle=shuffle, seed=seed if shuffle else None,
+                               num_epochs=num_epochs, try_in_mem_cache=try_in_mem_cache)
+    dataset = seqio.EncDecFeatureConverter(pack=pack)(dataset, task_feature_lengths=feature_lengths)
+    return dataset.batch(batch_size, drop_remainder=True)
 
 
 class BatchIterator:
@@ -45,14 +45,13 @@ class BatchIterator:
 
     def __init__(self, task, feature_lengths: dict, batch_size: int, *, split: str = "train",
                  pack: bool | None = None, shuffle: bool = True, seed: int = 0,
-                 num_epochs: int | None = None, batches: int = 0):
+                 num_epochs: int | None = None, try_in_mem_cache: bool = True, batches: int = 0):
         self.task = get_task(task)
         self.settings = dict(task=self.task.name, feature_lengths=dict(feature_lengths), batch_size=batch_size,
                              split=split, pack=is_pretraining(self.task) if pack is None else pack,
-                             shuffle=shuffle, seed=seed, num_epochs=num_epochs)
+                             shuffle=shuffle, seed=seed, num_epochs=num_epochs, try_in_mem_cache=try_in_mem_cache)
         self.batches = batches
-        dataset = get_dataset(self.task, feature_lengths, batch_size, split=split, pack=self.settings["pack"],
-                              shuffle=shuffle, seed=seed, num_epochs=num_epochs)
+        dataset = get_dataset(self.task, **{k: v for k, v in self.settings.items() if k != "task"})
         self._iterator = dataset.skip(batches).prefetch(2).as_numpy_iterator()
 
     def __iter__(self):

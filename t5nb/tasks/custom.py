@@ -92,13 +92,16 @@ def read_examples(path, fields: dict | None = None, file_format: str | None = No
             if key not in row:
                 raise TaskDataError(path, number, f"missing field (the row has {sorted(row)})", key)
             example[feature] = row[key]
+        if isinstance(example["targets"], list):  # several answers: the first is the target
+            example["targets"] = example["targets"][0] if example["targets"] else ""
         if not str(example["targets"]).strip():
             raise TaskDataError(path, number, "empty target", fields["targets"])
         example["targets"] = str(example["targets"])
         if "inputs" in example:  # supervised: keep every accepted answer for the metric
             example["inputs"] = str(example["inputs"])
-            answers = example.get("answers", example["targets"])
-            example["answers"] = [str(a) for a in answers] if isinstance(answers, list) else [answers]
+            answers = example.get("answers", [])
+            answers = [str(a) for a in answers] if isinstance(answers, list) else [str(answers)]
+            example["answers"] = answers if example["targets"] in answers else [example["targets"], *answers]
         examples.append(example)
     return examples
 
@@ -134,7 +137,8 @@ def register_task(name: str, files, *, fields: dict | None = None, file_format: 
 
     files: one path, or `{split: path}`; with one path, `split_ratio` (e.g. 0.9) carves a
         deterministic validation split out of it.
-    fields: feature -> column or key, e.g. `{"inputs": "question", "targets": "answer"}`;
+    fields: feature -> column or key, e.g. `{"inputs": "question", "targets": "answer"}`; a
+        JSON list as target means several answers, the first one the target;
         not used for plain text, which becomes a span-corruption task, one example a line.
     objective: `supervised` or `span_corruption` (default: span corruption for text only).
     metric: `squad` (EM/F1, every answer in `answers`), `accuracy`, `bleu` or None.
