@@ -173,12 +173,23 @@ def config_to_hf(config: T5Config) -> dict:
     }
 
 
+def _read_safetensors(directory: str) -> dict[str, np.ndarray]:
+    """`model.safetensors`, or the shards listed in `model.safetensors.index.json`."""
+    index = os.path.join(directory, "model.safetensors.index.json")
+    if not os.path.exists(index):
+        return safetensors.numpy.load_file(os.path.join(directory, "model.safetensors"))
+    with open(index) as f:
+        shards = sorted(set(json.load(f)["weight_map"].values()))
+    return {name: array for shard in shards
+            for name, array in safetensors.numpy.load_file(os.path.join(directory, shard)).items()}
+
+
 def read_hf_checkpoint(directory) -> tuple[T5Config, dict[str, np.ndarray]]:
-    """(config, flat t5nb params) from a HF directory with config.json + model.safetensors."""
+    """(config, flat t5nb params) from a HF directory: config.json + model.safetensors (or shards)."""
     directory = os.fspath(directory)
     with open(os.path.join(directory, "config.json")) as f:
         config = config_from_hf(json.load(f))
-    tensors = safetensors.numpy.load_file(os.path.join(directory, "model.safetensors"))
+    tensors = _read_safetensors(directory)
     for alias in _HF_ALIASES:
         tensors.pop(alias, None)
     shared, lm_head = tensors.get("shared.weight"), tensors.pop("lm_head.weight", None)

@@ -239,3 +239,18 @@ def test_t5x_unknown_layout_and_missing_path_are_refused(tmp_path):
         checkpoints.read_t5x_checkpoint(tmp_path / "not_t5x")
     with pytest.raises(checkpoints.CheckpointError, match="no T5X checkpoint there"):
         checkpoints.read_t5x_checkpoint(tmp_path / "checkpoint_7")
+
+
+def test_sharded_hf_checkpoint_reads_like_a_single_file(hf_dir, tmp_path_factory):
+    config, params = checkpoints.read_hf_checkpoint(hf_dir)
+    tensors = safetensors.numpy.load_file(hf_dir / "model.safetensors")
+    sharded = tmp_path_factory.mktemp("sharded")
+    (sharded / "config.json").write_text((hf_dir / "config.json").read_text())
+    weight_map = {name: f"model-0000{i % 2 + 1}-of-00002.safetensors" for i, name in enumerate(sorted(tensors))}
+    for shard in set(weight_map.values()):
+        safetensors.numpy.save_file({n: t for n, t in tensors.items() if weight_map[n] == shard}, sharded / shard)
+    (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    sharded_config, sharded_params = checkpoints.read_hf_checkpoint(sharded)
+    assert sharded_config == config and sharded_params.keys() == params.keys()
+    for path, value in params.items():
+        np.testing.assert_array_equal(sharded_params[path], value, err_msg=path)

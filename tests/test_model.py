@@ -1,7 +1,7 @@
-"""Model behaviour: cached decoding equals the full decoder, padding is inert, preset sizes."""
+"""Model behaviour: cached decoding equals the full decoder; preset sizes. (Parity with
+transformers, padded batches included, is in test_checkpoints.py.)"""
 import jax.numpy as jnp
 import numpy as np
-import pytest
 from flax import nnx
 
 from t5nb.checkpoints import abstract_params, model_from_params
@@ -52,8 +52,8 @@ def shift_right(targets):
 forward = nnx.jit(lambda model, inputs, targets: model(inputs, shift_right(targets), targets))
 
 
-@pytest.mark.parametrize("preset", ["t5-tiny", "t5.1.1-tiny"])
-def test_cached_decoding_matches_the_full_decoder_step_by_step(preset):
+def test_cached_decoding_matches_the_full_decoder_step_by_step():
+    preset = "t5.1.1-tiny"
     model = random_model(preset)
     rng = np.random.default_rng(0)
     inputs, targets = tokens(rng, [9, 4], 9), tokens(rng, [7, 4], 7)
@@ -71,17 +71,6 @@ def test_cached_decoding_matches_the_full_decoder_step_by_step(preset):
         worst = max(worst, float(diff))
     assert int(cache["index"]) == targets.shape[1]
     print(f"{preset}: cached vs full decoder, max |logit diff| {worst:.2e}")
-
-
-def test_padding_does_not_change_the_logits_of_real_tokens():
-    model = random_model("t5.1.1-tiny")
-    rng = np.random.default_rng(1)
-    inputs, targets = tokens(rng, [6, 3], 6), tokens(rng, [5, 2], 5)
-    logits = np.asarray(forward(model, inputs, targets))
-    padded = np.asarray(forward(model, jnp.pad(inputs, ((0, 0), (0, 4))), jnp.pad(targets, ((0, 0), (0, 3)))))
-    valid = np.asarray(targets > 0)
-    np.testing.assert_allclose(padded[:, :5][valid], logits[valid], atol=1e-5)
-    assert np.abs(padded[:, :5][valid] - logits[valid]).max() < 1e-5
 
 
 def test_preset_parameter_counts_match_published_sizes():
