@@ -285,7 +285,7 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
 
     `num_steps` counts from the start of the run that wrote step 0: to fine-tune a checkpoint
     trained for N steps by another K, pass N + K (as T5X's TRAIN_STEPS). `batches` yields numpy
-    batches; if it has `get_state()`/`set_state()` its position is checkpointed and restored, so
+    batches; if it has `state()`/`set_state()` its position is checkpointed and restored, so
     a resumed run sees exactly the batches an uninterrupted one would. `eval_batches` is a
     callable returning an iterable of batches. `on_log(step, metrics)` is called at log points
     (the live plot). Metrics stay on the device between log points: no host sync per step.
@@ -336,27 +336,29 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
             on_log(step, metrics)
         pending, tick = [], time.perf_counter()
 
-    while step < num_steps:
-        batch = trainer.shard_batch(next(batches))
-        state, sums = trainer.train_step(state, batch)
-        if not history and not pending:
-            tick = time.perf_counter()  # the first call compiled: leave that out of the throughput
-        step += 1
-        pending.append(sums)
-        bar.update(1)
-        at_checkpoint = checkpoints is not None and (step % checkpoint_every == 0 or step == num_steps)
-        if step % log_every == 0 or at_checkpoint or step == num_steps:
-            flush()
-        if eval_batches is not None and eval_every and (step % eval_every == 0 or step == num_steps):
-            metrics = evaluate(trainer, state.params, eval_batches())
-            eval_writer.write_scalars(step, metrics)
-            train_eval.append((step, metrics))
-        if at_checkpoint:
-            checkpoints.save(state, batches.get_state() if hasattr(batches, "get_state") else {})
-            last_good = step
-    bar.close()
-    if checkpoints is not None:
-        checkpoints.wait()
-    writer.flush()
-    eval_writer.flush()
+    try:
+        while step < num_steps:
+            batch = trainer.shard_batch(next(batches))
+            state, sums = trainer.train_step(state, batch)
+            if not history and not pending:
+                tick = time.perf_counter()  # the first call compiled: leave that out of the throughput
+            step += 1
+            pending.append(sums)
+            bar.update(1)
+            at_checkpoint = checkpoints is not None and (step % checkpoint_every == 0 or step == num_steps)
+            if step % log_every == 0 or at_checkpoint or step == num_steps:
+                flush()
+            if eval_batches is not None and eval_every and (step % eval_every == 0 or step == num_steps):
+                metrics = evaluate(trainer, state.params, eval_batches())
+                eval_writer.write_scalars(step, metrics)
+                train_eval.append((step, metrics))
+            if at_checkpoint:
+                checkpoints.save(state, batches.state() if hasattr(batches, "state") else {})
+                last_good = step
+    finally:  # an error or an interrupt still completes the checkpoint in flight
+        bar.close()
+        if checkpoints is not None:
+            checkpoints.wait()
+        writer.flush()
+        eval_writer.flush()
     return TrainResult(state=state, history=history, train_eval=train_eval)

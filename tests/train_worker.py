@@ -5,6 +5,7 @@ writes the final parameters to `<out>.<mesh>.npz` (and the hash of every batch i
 `<out>.batches<process>`).
 """
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -49,13 +50,13 @@ class CopyTask:
         t = x[:, ::-1].copy()
         d = np.concatenate([np.zeros((self.global_batch, 1), np.int32), t[:, :-1]], 1)
         batch = {"encoder_input_tokens": x, "decoder_target_tokens": t, "decoder_input_tokens": d}
-        self.seen_log.write(f"{self.n} {hash(x.tobytes())}\n")
+        self.seen_log.write(f"{self.n} {hashlib.sha256(x.tobytes()).hexdigest()[:16]}\n")
         self.seen_log.flush()
         self.n += 1
         rows = self.global_batch // jax.process_count()  # this process's share
         return {k: v[jax.process_index() * rows:(jax.process_index() + 1) * rows] for k, v in batch.items()}
 
-    def get_state(self):
+    def state(self):
         return {"n": self.n}
 
     def set_state(self, state):
@@ -68,7 +69,7 @@ for shape in args.meshes.split(","):
     trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=128, dropout_rate=0.1),
                       TrainConfig(learning_rate=1e-2), mesh)
     result = train(trainer, CopyTask(), args.steps, args.model_dir or f"{args.out}.{shape}.run",
-                   checkpoint_every=args.checkpoint_every, log_every=1, progress=False)
+                   checkpoint_every=args.checkpoint_every, progress=False)
     params = multihost_utils.process_allgather(result.state.params, tiled=True)
     if jax.process_index() == 0:
         flat = {"/".join(str(k.key) for k in path): np.asarray(v)

@@ -7,6 +7,7 @@ an iterator whose position saves to a small dict, and a preview of one example.
     resumed = BatchIterator.from_state(state)  # yields exactly the batches `batches` yields next
 """
 import dataclasses
+import json
 
 import seqio
 import tensorflow as tf
@@ -50,9 +51,12 @@ class BatchIterator:
         self.settings = dict(task=self.task.name, feature_lengths=dict(feature_lengths), batch_size=batch_size,
                              split=split, pack=is_pretraining(self.task) if pack is None else pack,
                              shuffle=shuffle, seed=seed, num_epochs=num_epochs, try_in_mem_cache=try_in_mem_cache)
+        self._dataset = get_dataset(self.task, **{k: v for k, v in self.settings.items() if k != "task"})
+        self._seek(batches)
+
+    def _seek(self, batches: int) -> None:
         self.batches = batches
-        dataset = get_dataset(self.task, **{k: v for k, v in self.settings.items() if k != "task"})
-        self._iterator = dataset.skip(batches).prefetch(2).as_numpy_iterator()
+        self._iterator = self._dataset.skip(batches).prefetch(2).as_numpy_iterator()
 
     def __iter__(self):
         return self
@@ -65,6 +69,13 @@ class BatchIterator:
     def state(self) -> dict:
         """Everything needed to resume: settings and the number of batches consumed."""
         return {**self.settings, "batches": self.batches}
+
+    def set_state(self, state: dict) -> None:
+        """Move to the position `state()` recorded (a training run resuming from a checkpoint)."""
+        settings = {k: v for k, v in state.items() if k != "batches"}
+        if settings != json.loads(json.dumps(self.settings)):
+            raise ValueError(f"the checkpoint's data settings {settings} differ from this iterator's {self.settings}")
+        self._seek(state["batches"])
 
     @classmethod
     def from_state(cls, state: dict) -> "BatchIterator":

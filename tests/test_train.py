@@ -1,0 +1,180 @@
+"""Training: loss, steps on meshes, resume after SIGKILL, two processes, NaN guard, logging."""
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from t5nb.config import get_config
+from t5nb.train import TrainConfig, Trainer, cross_entropy_with_z_loss, train
+
+WORKER = pathlib.Path(__file__).with_name("train_worker.py")
+
+
+def run_worker(tmp_path, *args, devices=1, wait=True, env_extra=None):
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+           "JAX_COMPILATION_CACHE_DIR": str(tmp_path.parent / "jax_cache"), **(env_extra or {})}
+    command = [sys.executable, str(WORKER), *map(str, args)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if not wait:
+        return process
+    output, _ = process.communicate(timeout=600)
+    assert process.returncode == 0, output[-3000:]
+    return output
+
+
+def load(path):
+    with np.load(path) as arrays:
+        return {name: arrays[name] for name in arrays.files}
+
+
+def seen_batches(out):
+    return [tuple(line.split()) for line in pathlib.Path(f"{out}.batches0").read_text().splitlines()]
+
+
+def test_cross_entropy_with_z_loss_matches_optax():
+    logits = jax.random.normal(jax.random.key(0), (2, 5, 11)) * 3
+    targets = jax.random.randint(jax.random.key(1), (2, 5), 0, 11)
+    loss, z_term = cross_entropy_with_z_loss(logits, targets, z_loss=1e-4, label_smoothing=0.1)
+    smoothed = optax.smooth_labels(jax.nn.one_hot(targets, 11), 0.1 * 11 / 10)  # low = 0.1 / (V - 1)
+    entropy = -(0.9 * np.log(0.9) + 10 * 0.01 * np.log(0.01))
+    expected = optax.softmax_cross_entropy(logits, smoothed) - entropy
+    log_z = jax.nn.logsumexp(logits, -1)
+    np.testing.assert_allclose(z_term, 1e-4 * log_z**2, rtol=1e-6)
+    np.testing.assert_allclose(loss - z_term, expected, rtol=1e-5, atol=1e-5)
+
+
+def copy_batch(rows=8, length=10, vocab=64, seed=0):
+    x = np.random.default_rng(seed).integers(2, vocab, (rows, length), dtype=np.int32)
+    t = x[:, ::-1].copy()
+    return {"encoder_input_tokens": x, "decoder_target_tokens": t,
+            "decoder_input_tokens": np.concatenate([np.zeros((rows, 1), np.int32), t[:, :-1]], 1)}
+
+
+def test_gradient_accumulation_equals_the_full_batch():
+    config = get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0)
+    results = []
+    for accum in (1, 2):
+        trainer = Trainer(config, TrainConfig(learning_rate=1e-2, grad_accum_steps=accum))
+        state, sums = trainer.train_step(trainer.init_state(), trainer.shard_batch(copy_batch()))
+        results.append((jax.device_get(state.params), float(sums["loss"])))
+    np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(results[0][0]), jax.tree.leaves(results[1][0])):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_meshes_8x1_4x2_2x4_match_one_device(tmp_path):
+    out = tmp_path / "m"
+    print(run_worker(tmp_path, "--out", out, "--meshes", "1x1,8x1,4x2,2x4", devices=8))
+    reference = load(f"{out}.1x1.npz")
+    for shape in ("8x1", "4x2", "2x4"):
+        params = load(f"{out}.{shape}.npz")
+        assert params.keys() == reference.keys()
+        for name in reference:
+            np.testing.assert_allclose(params[name], reference[name], atol=2e-6, err_msg=f"{shape} {name}")
+        assert not all(np.array_equal(params[n], reference[n] * 0) for n in reference)
+
+
+def test_resume_after_sigkill_is_bit_identical(tmp_path):
+    common = ["--steps", 20, "--checkpoint-every", 5]
+    run_worker(tmp_path, "--out", tmp_path / "straight", "--model-dir", tmp_path / "straight_run", *common)
+    run_dir = tmp_path / "killed_run"
+    process = run_worker(tmp_path, "--out", tmp_path / "killed", "--model-dir", run_dir, *common, wait=False)
+    deadline = time.time() + 300
+    while not (run_dir / "checkpoints" / "10").exists():  # orbax renames a checkpoint when complete
+        assert process.poll() is None and time.time() < deadline, "no checkpoint at step 10 before the run ended"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    resumed_from = max(int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert 10 <= resumed_from < 20
+    run_worker(tmp_path, "--out", tmp_path / "resumed", "--model-dir", run_dir, *common)
+
+    straight, resumed = load(tmp_path / "straight.1x1.npz"), load(tmp_path / "resumed.1x1.npz")
+    for name in straight:
+        assert np.array_equal(straight[name], resumed[name]), name
+    # the resumed run saw exactly the batches the straight run saw after the checkpoint
+    assert seen_batches(tmp_path / "resumed") == seen_batches(tmp_path / "straight")[resumed_from:]
+    assert seen_batches(tmp_path / "killed")[:resumed_from] == seen_batches(tmp_path / "straight")[:resumed_from]
+
+
+def test_two_processes_equal_one(tmp_path):
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    run_worker(tmp_path, "--out", tmp_path / "single", "--meshes", "2x1", devices=2)
+    common = ["--out", tmp_path / "multi", "--meshes", "2x1", "--coordinator", f"localhost:{port}", "--num-processes", 2]
+    workers = [run_worker(tmp_path, *common, "--process-id", i, devices=1, wait=False) for i in (0, 1)]
+    for worker in workers:
+        output, _ = worker.communicate(timeout=600)
+        assert worker.returncode == 0, output[-3000:]
+    single, multi = load(tmp_path / "single.2x1.npz"), load(tmp_path / "multi.2x1.npz")
+    for name in single:
+        np.testing.assert_allclose(multi[name], single[name], atol=1e-6, err_msg=name)
+
+
+class Batches:
+    def __init__(self, batch):
+        self.batch = batch
+
+    def __next__(self):
+        return self.batch
+
+
+def test_nan_loss_stops_and_names_the_last_good_checkpoint(tmp_path):
+    class CorruptAfterTwo:  # an out-of-vocabulary id embeds as NaN (jnp.take fills), as bad data would
+        n = 0
+
+        def __next__(self):
+            self.n += 1
+            batch = copy_batch()
+            if self.n > 2:
+                batch["encoder_input_tokens"][0, 0] = 10**6
+            return batch
+
+    trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0), TrainConfig(learning_rate=1e-2))
+    with pytest.raises(FloatingPointError, match=r"loss became nan .*between steps 2 and 3.*last good checkpoint: step 2"):
+        train(trainer, CorruptAfterTwo(), 4, tmp_path, checkpoint_every=2, log_every=1, progress=False)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2"]
+
+
+def test_batch_not_divisible_by_data_parallel_degree_is_clear():
+    trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64), TrainConfig(grad_accum_steps=3))
+    with pytest.raises(ValueError, match=r"global batch 8 .* not divisible .* grad_accum_steps 3"):
+        trainer.shard_batch(copy_batch())
+
+
+def test_metrics_go_to_tensorboard_and_history(tmp_path):
+    trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0), TrainConfig(learning_rate=1e-2))
+    logged = []
+    result = train(trainer, Batches(copy_batch()), 4, tmp_path, log_every=2, eval_every=4,
+                   eval_batches=lambda: [copy_batch(seed=1)], on_log=lambda s, m: logged.append(s), progress=False)
+    assert logged == [2, 4] and [h["step"] for h in result.history] == [2, 4]
+    for name in ("loss", "accuracy", "z_loss", "learning_rate", "grad_norm", "seqs_per_s", "target_tokens_per_s", "mfu"):
+        assert np.isfinite(result.history[-1][name]), name
+    assert result.history[-1]["learning_rate"] == pytest.approx(1e-2)
+    assert result.train_eval[0][0] == 4 and 0 <= result.train_eval[0][1]["accuracy"] <= 1
+    assert list((tmp_path / "train").glob("events.out.tfevents.*"))
+    assert list((tmp_path / "training_eval" / "train_eval").glob("events.out.tfevents.*"))
+    assert json.loads((tmp_path / "config.json").read_text())["train"]["learning_rate"] == 1e-2
+
+
+def test_tiny_model_loss_falls_on_the_offline_facts_corpus(tmp_path):
+    from t5nb import tasks
+
+    batches = tasks.BatchIterator("facts_span_corruption", {"inputs": 64, "targets": 16}, 16)
+    config = get_config("t5.1.1-tiny", vocab_size=tasks.get_vocabulary("facts").vocab_size, dropout_rate=0.0)
+    trainer = Trainer(config, TrainConfig(learning_rate=3e-2))
+    history = train(trainer, batches, 60, tmp_path, log_every=20, progress=False).history
+    print([round(h["loss"], 3) for h in history])
+    assert history[-1]["loss"] < history[0]["loss"] - 0.5
+    assert batches.state()["batches"] == 60
