@@ -1,0 +1,334 @@
+"""Decoding and scoring with the model's key/value cache, each jitted whole.
+
+- `greedy_decode`, `sample_decode` (temperature, top-k, top-p) and `beam_search` (`num_decodes`
+  beams, T5X / Flax WMT length penalty `((5 + length) / 6) ** alpha`): one `lax.while_loop`
+  over `Transformer.decode_step`, stopping at EOS or `max_decode_length`.
+- `score`: the log-likelihood of given targets (teacher forced); `rank_classify`: the best of
+  given options per input.
+- `Predictor`: strings in, strings out, through a task's prefix, vocabulary and postprocessor.
+
+Sequences are token ids without the start token, ending in EOS (1), then padding (0). Scores
+are sums of the model's log-probabilities of the tokens up to and including EOS. Pass a `mesh`
+(with parameters sharded on it, e.g. `Trainer.model(params)`) to split the batch over 'data'.
+"""
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from t5nb import mesh as mesh_lib
+
+EOS_ID = 1
+PAD_ID = 0  # also the decoder's start token
+NEG_INF = -1.0e7
+
+
+class Decoded(NamedTuple):
+    """`sequences` [b, max_decode_length] (beam search: [b, num_decodes, L], best first) and
+    `scores` [b] ([b, num_decodes]): summed log-probabilities."""
+
+    sequences: jax.Array
+    scores: jax.Array
+
+
+def brevity_penalty(alpha: float, length):
+    """T5X / Flax WMT (GNMT) length penalty: ((5 + length) / 6) ** alpha."""
+    return jnp.power((5.0 + length) / 6.0, alpha)
+
+
+def filter_logits(logits, top_k: int = 0, top_p: float = 1.0):
+    """Keep the `top_k` largest logits (0: all) and the smallest set whose probability
+    reaches `top_p`; the rest become NEG_INF."""
+    if top_k:
+        kth_largest = jax.lax.top_k(logits, top_k)[0][..., -1:]
+        logits = jnp.where(logits < kth_largest, NEG_INF, logits)
+    if top_p < 1.0:
+        sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
+        before = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1) - jax.nn.softmax(sorted_logits, axis=-1)
+        cutoff = jnp.min(jnp.where(before < top_p, sorted_logits, jnp.inf), axis=-1, keepdims=True)
+        logits = jnp.where(logits < cutoff, NEG_INF, logits)
+    return logits
+
+
+# -- the jitted programs ----------------------------------------------------------------------
+class _ByConfig:
+    """A static jit argument: a model's graph, hashed and compared by (model class, config)."""
+
+    def __init__(self, graphdef, key):
+        self.graphdef, self.key = graphdef, key
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __eq__(self, other):
+        return isinstance(other, _ByConfig) and self.key == other.key
+
+
+def _sharded(fn):
+    """Jit `fn(model, *arrays, **static)` with the model split into graph and state; with a
+    `mesh`, inputs are split over 'data' and activations constrained by the mesh rules."""
+
+    @functools.partial(jax.jit, static_argnames=("graphdef", "mesh", "options"))
+    def run(graphdef, state, arrays, mesh, options):
+        model = nnx.merge(graphdef.graphdef, state)
+        if mesh is None:
+            return fn(model, *arrays, **dict(options))
+        with mesh_lib.activation_sharding(mesh):
+            return fn(model, *arrays, **dict(options))
+
+    @functools.wraps(fn)
+    def call(model, *arrays, mesh=None, **options):
+        graphdef, state = nnx.split(model)
+        graphdef = _ByConfig(graphdef, (type(model), model.config))
+        if mesh is not None:
+            sharding = mesh_lib.batch_sharding(mesh)
+            arrays = tuple(jax.device_put(a, sharding) if np.ndim(a) else a for a in arrays)
+        return run(graphdef, state, arrays, mesh, tuple(sorted(options.items())))
+
+    return call
+
+
+def _start(model, encoder_input_tokens, max_decode_length, copies=1):
+    """Encode once and build the cache, each row repeated `copies` times (beams)."""
+    encoded = model.encode(encoder_input_tokens)
+    cache = model.init_cache(encoded, encoder_input_tokens, max_decode_length)
+    return jax.tree.map(lambda x: jnp.repeat(x, copies, axis=0) if x.ndim else x, cache)
+
+
+def _sample(model, encoder_input_tokens, rng, *, max_decode_length, temperature, top_k, top_p):
+    """Greedy (temperature 0) or temperature sampling: one token per row per step."""
+    batch = encoder_input_tokens.shape[0]
+    cache = _start(model, encoder_input_tokens, max_decode_length)
+
+    def cond(state):
+        step, _, _, _, done, _, _ = state
+        return (step < max_decode_length) & ~jnp.all(done)
+
+    def body(state):
+        step, token, sequences, scores, done, cache, rng = state
+        logits, cache = model.decode_step(token, cache)
+        log_probs = jax.nn.log_softmax(logits)
+        rng, key = jax.random.split(rng)
+        if temperature == 0:
+            choice = jnp.argmax(logits, axis=-1)
+        else:
+            choice = jax.random.categorical(key, filter_logits(logits / temperature, top_k, top_p))
+        choice = jnp.where(done, PAD_ID, choice).astype(jnp.int32)
+        chosen = jnp.take_along_axis(log_probs, choice[:, None], axis=-1)[:, 0]
+        scores = scores + jnp.where(done, 0.0, chosen)
+        sequences = jax.lax.dynamic_update_slice_in_dim(sequences, choice[:, None], step, axis=1)
+        return step + 1, choice, sequences, scores, done | (choice == EOS_ID), cache, rng
+
+    initial = (jnp.zeros((), jnp.int32), jnp.full((batch,), PAD_ID, jnp.int32),
+               jnp.zeros((batch, max_decode_length), jnp.int32), jnp.zeros((batch,), jnp.float32),
+               jnp.zeros((batch,), bool), cache, rng)
+    _, _, sequences, scores, _, _, _ = jax.lax.while_loop(cond, body, initial)
+    return Decoded(sequences, scores)
+
+
+def _beam_search(model, encoder_input_tokens, *, max_decode_length, num_decodes, alpha):
+    """Flax WMT's beam search over the cache: `num_decodes` live and finished beams per row."""
+    batch, beams, length = encoder_input_tokens.shape[0], num_decodes, max_decode_length
+    cache = _start(model, encoder_input_tokens, length, copies=beams)
+
+    def take(x, indices):  # x [b, k', ...], indices [b, n] -> [b, n, ...]
+        return jnp.take_along_axis(x, indices.reshape(*indices.shape, *[1] * (x.ndim - 2)), axis=1)
+
+    def take_cache(cache, indices):  # cache rows [b * k, ...] reordered by beam indices [b, k]
+        return jax.tree.map(lambda x: take(x.reshape(batch, beams, *x.shape[1:]), indices).reshape(x.shape)
+                            if x.ndim else x, cache)
+
+    def cond(state):
+        step, live_logprobs, _, finished_scores, _, _, finished, _ = state
+        best_possible = jnp.max(live_logprobs, axis=1) / brevity_penalty(alpha, length)
+        worst_finished = jnp.where(jnp.all(finished, axis=1), jnp.min(finished_scores, axis=1), NEG_INF)
+        return (step < length) & ~jnp.all(worst_finished > best_possible)
+
+    def body(state):
+        step, live_logprobs, live_seqs, finished_scores, finished_logprobs, finished_seqs, finished, cache = state
+        tokens = jnp.where(step == 0, PAD_ID, live_seqs[:, :, jnp.maximum(step - 1, 0)])
+        logits, cache = model.decode_step(tokens.reshape(-1), cache)
+        vocab = logits.shape[-1]
+        candidates = live_logprobs[:, :, None] + jax.nn.log_softmax(logits).reshape(batch, beams, vocab)
+        top_logprobs, top_indices = jax.lax.top_k(candidates.reshape(batch, -1), 2 * beams)
+        top_beams, top_tokens = top_indices // vocab, (top_indices % vocab).astype(jnp.int32)
+        top_seqs = jax.lax.dynamic_update_slice_in_dim(
+            take(live_seqs, top_beams), top_tokens[:, :, None], step, axis=2)
+        ended = top_tokens == EOS_ID
+        # live: the best `beams` candidates that did not end
+        live_logprobs, keep = jax.lax.top_k(jnp.where(ended, NEG_INF, top_logprobs), beams)
+        live_seqs = take(top_seqs, keep)
+        cache = take_cache(cache, take(top_beams, keep))
+        # finished: the best `beams` of the old finished and the candidates that ended now
+        new_scores = jnp.where(ended, top_logprobs / brevity_penalty(alpha, step + 1), NEG_INF)
+        all_scores = jnp.concatenate([finished_scores, new_scores], axis=1)
+        finished_scores, keep = jax.lax.top_k(all_scores, beams)
+        finished_logprobs = take(jnp.concatenate([finished_logprobs, top_logprobs], axis=1), keep)
+        finished_seqs = take(jnp.concatenate([finished_seqs, top_seqs], axis=1), keep)
+        finished = take(jnp.concatenate([finished, ended], axis=1), keep)
+        return (step + 1, live_logprobs, live_seqs, finished_scores, finished_logprobs, finished_seqs,
+                finished, cache)
+
+    first_live = jnp.where(jnp.arange(beams) == 0, 0.0, NEG_INF)
+    initial = (jnp.zeros((), jnp.int32), jnp.tile(first_live, (batch, 1)),
+               jnp.zeros((batch, beams, length), jnp.int32), jnp.full((batch, beams), NEG_INF),
+               jnp.zeros((batch, beams)), jnp.zeros((batch, beams, length), jnp.int32),
+               jnp.zeros((batch, beams), bool), cache)
+    _, live_logprobs, live_seqs, finished_scores, finished_logprobs, finished_seqs, finished, _ = (
+        jax.lax.while_loop(cond, body, initial))
+    # slots no finished beam filled take the live beams, after every finished one
+    rank = jnp.concatenate([jnp.where(finished, finished_scores, 100 * NEG_INF),
+                            10 * NEG_INF + live_logprobs / brevity_penalty(alpha, length)], axis=1)
+    order = jax.lax.top_k(rank, beams)[1]
+    return Decoded(take(jnp.concatenate([finished_seqs, live_seqs], axis=1), order),
+                   take(jnp.concatenate([finished_logprobs, live_logprobs], axis=1), order))
+
+
+def _score(model, encoder_input_tokens, decoder_target_tokens):
+    """Sum over target positions (> 0) of log p(target token | previous targets, inputs)."""
+    decoder_input_tokens = jnp.pad(decoder_target_tokens[:, :-1], ((0, 0), (1, 0)))
+    logits = model(encoder_input_tokens, decoder_input_tokens, decoder_target_tokens)
+    log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits), decoder_target_tokens[..., None], axis=-1)[..., 0]
+    return jnp.sum(jnp.where(decoder_target_tokens > 0, log_probs, 0.0), axis=-1)
+
+
+def _rank(model, encoder_input_tokens, option_tokens):
+    """Scores [b, n] of n options [b, n, L] per input; each input is encoded once."""
+    batch, options, length = option_tokens.shape
+    encoded = jnp.repeat(model.encode(encoder_input_tokens), options, axis=0)
+    inputs = jnp.repeat(encoder_input_tokens, options, axis=0)
+    targets = option_tokens.reshape(batch * options, length)
+    logits = model.decode(encoded, inputs, jnp.pad(targets[:, :-1], ((0, 0), (1, 0))), targets)
+    log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
+    return jnp.sum(jnp.where(targets > 0, log_probs, 0.0), axis=-1).reshape(batch, options)
+
+
+_sample_jit, _beam_jit, _score_jit, _rank_jit = map(_sharded, (_sample, _beam_search, _score, _rank))
+
+
+# -- public functions -------------------------------------------------------------------------
+def greedy_decode(model, encoder_input_tokens, max_decode_length: int, *, mesh=None) -> Decoded:
+    """The most likely token at every step: sequences [b, L] and their log-likelihoods [b]."""
+    return sample_decode(model, encoder_input_tokens, max_decode_length, temperature=0.0, mesh=mesh)
+
+
+def sample_decode(model, encoder_input_tokens, max_decode_length: int, *, temperature: float = 1.0,
+                  top_k: int = 0, top_p: float = 1.0, seed: int | jax.Array = 0, mesh=None) -> Decoded:
+    """Temperature sampling from the top-k / top-p filtered distribution (temperature 0: greedy).
+
+    Scores are the model's own (untempered) log-probabilities of the sampled tokens; the same
+    `seed` gives the same samples."""
+    rng = jax.random.key(seed) if isinstance(seed, int) else seed
+    return _sample_jit(model, encoder_input_tokens, rng, mesh=mesh, max_decode_length=max_decode_length,
+                       temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+
+
+def beam_search(model, encoder_input_tokens, max_decode_length: int, *, num_decodes: int = 4,
+                alpha: float = 0.6, mesh=None) -> Decoded:
+    """Beam search: sequences [b, num_decodes, L] ranked by log-prob / brevity_penalty(alpha,
+    length), best first, and their log-likelihoods [b, num_decodes]."""
+    return _beam_jit(model, encoder_input_tokens, mesh=mesh, max_decode_length=max_decode_length,
+                     num_decodes=int(num_decodes), alpha=float(alpha))
+
+
+def decode(model, encoder_input_tokens, max_decode_length: int, *, method: str = "greedy", mesh=None,
+           **options) -> Decoded:
+    """The best sequence per input [b, L] and its score [b], by `method`: "greedy", "beam"
+    (options `num_decodes`, `alpha`) or "sample" (`temperature`, `top_k`, `top_p`, `seed`)."""
+    if method == "greedy":
+        return greedy_decode(model, encoder_input_tokens, max_decode_length, mesh=mesh, **options)
+    if method == "sample":
+        return sample_decode(model, encoder_input_tokens, max_decode_length, mesh=mesh, **options)
+    if method == "beam":
+        sequences, scores = beam_search(model, encoder_input_tokens, max_decode_length, mesh=mesh, **options)
+        return Decoded(sequences[:, 0], scores[:, 0])
+    raise ValueError(f"unknown decoding method {method!r}: use 'greedy', 'beam' or 'sample'")
+
+
+def score(model, encoder_input_tokens, decoder_target_tokens, *, mesh=None) -> jax.Array:
+    """Log-likelihood [b] of each target sequence [b, L] (padding 0 ignored), teacher forced."""
+    return _score_jit(model, encoder_input_tokens, decoder_target_tokens, mesh=mesh)
+
+
+def rank_classify(model, encoder_input_tokens, option_tokens, *, mesh=None) -> tuple[jax.Array, jax.Array]:
+    """Rank classification: options [n, L] (the same for every input) or [b, n, L] ->
+    (index of the most likely option [b], log-likelihoods [b, n])."""
+    option_tokens = jnp.asarray(option_tokens)
+    if option_tokens.ndim == 2:
+        option_tokens = jnp.broadcast_to(option_tokens, (len(encoder_input_tokens), *option_tokens.shape))
+    scores = _rank_jit(model, encoder_input_tokens, option_tokens, mesh=mesh)
+    return jnp.argmax(scores, axis=-1), scores
+
+
+# -- strings in, strings out ------------------------------------------------------------------
+def task_prefix(task) -> str:
+    """The text prefix a t5nb task's preprocessors add to `inputs` ("" if none)."""
+    from t5nb.tasks.recipes import add_prefix
+
+    for preprocessor in task.preprocessors:
+        if isinstance(preprocessor, functools.partial) and preprocessor.func is add_prefix:
+            return preprocessor.keywords["prefix"]
+    return ""
+
+
+def encode_texts(vocabulary, texts, length: int) -> np.ndarray:
+    """Token ids [n, length]: each text's pieces, trimmed to leave room for EOS, then EOS and 0s."""
+    tokens = np.zeros((len(texts), length), np.int32)
+    for row, text in enumerate(texts):
+        ids = list(vocabulary.encode(text))[: length - 1] + [EOS_ID]
+        tokens[row, : len(ids)] = ids
+    return tokens
+
+
+class Predictor:
+    """`predictor(texts) -> answers`: a task's prefix and vocabulary in, its postprocessor out.
+
+        ask = Predictor(model, "facts_qa")
+        ask(["Where was Ada Klimberg born?"])   # ['Havana']
+    """
+
+    def __init__(self, model, task, *, input_length: int = 128, max_decode_length: int = 32,
+                 batch_size: int = 8, method: str = "greedy", mesh=None, **options):
+        from t5nb.tasks import get_task
+
+        self.model, self.task = model, get_task(task)
+        self.vocabulary = self.task.output_features["targets"].vocabulary
+        self.prefix = task_prefix(self.task)
+        self.input_length, self.max_decode_length, self.batch_size = input_length, max_decode_length, batch_size
+        self.method, self.mesh, self.options = method, mesh, options
+
+    def inputs(self, texts) -> np.ndarray:
+        """Token ids [n, input_length] of `texts`, with the task's prefix where it is missing."""
+        texts = [t if t.startswith(self.prefix) else self.prefix + t for t in texts]
+        return encode_texts(self.task.output_features["inputs"].vocabulary, texts, self.input_length)
+
+    def generate(self, encoder_input_tokens) -> tuple[np.ndarray, np.ndarray]:
+        """Sequences [n, L] and scores [n] in fixed-size batches (one compiled program)."""
+        sequences, scores = [], []
+        for start in range(0, len(encoder_input_tokens), self.batch_size):
+            chunk = encoder_input_tokens[start:start + self.batch_size]
+            padded = np.pad(chunk, ((0, self.batch_size - len(chunk)), (0, 0)))
+            result = decode(self.model, padded, self.max_decode_length, method=self.method, mesh=self.mesh,
+                            **self.options)
+            sequences.append(np.asarray(result.sequences)[: len(chunk)])
+            scores.append(np.asarray(result.scores)[: len(chunk)])
+        return np.concatenate(sequences), np.concatenate(scores)
+
+    def detokenize(self, sequences) -> list[str]:
+        return [self.vocabulary.decode(row.tolist()) for row in sequences]
+
+    def __call__(self, texts) -> list:
+        """Answers for `texts` (a string or a list), postprocessed as the task's metrics see them."""
+        single = isinstance(texts, str)
+        sequences, _ = self.generate(self.inputs([texts] if single else list(texts)))
+        answers = [self.task.postprocess_fn(text, example=None, is_target=False)
+                   for text in self.detokenize(sequences)]
+        return answers[0] if single else answers
+
+
+def predict(model, task, texts, **kwargs) -> list:
+    """One-off `Predictor(model, task, **kwargs)(texts)`."""
+    return Predictor(model, task, **kwargs)(texts)
