@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --no-deps --no-cache-dir
 
-.PHONY: setup setup-test course test clean
+.PHONY: setup setup-test course test bench clean
 
 setup: $(VENV)/.base
 setup-test: $(VENV)/.test
@@ -23,11 +23,15 @@ $(VENV)/.test: $(VENV)/.base requirements/test.lock
 
 # The main job: the whole course, headless, on this machine's default profile.
 course: $(VENV)/.base
-	$(PY) -m t5nb course --out runs
+	$(PY) -m t5nb course --fresh --out runs
 
 # All tests: pytest on tests/ and nbval (lax) on every notebook with the CI profile.
 test: $(VENV)/.test
 	T5NB_PROFILE=ci $(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env
+
+# Train-step throughput and MFU vs Hugging Face PyTorch T5 (docs/benchmarks.md); BENCH_ARGS=--quick.
+bench: $(VENV)/.test
+	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) runs

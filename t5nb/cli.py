@@ -10,6 +10,7 @@ def main(argv=None) -> int:
     course = commands.add_parser("course", help="execute the notebooks headless into --out")
     course.add_argument("--out", default="runs", help="folder for executed notebooks and logs")
     course.add_argument("--profile", help="ci, cpu or accelerator (default: detected)")
+    course.add_argument("--fresh", action="store_true", help="delete the profile's earlier runs in --out first")
     course.add_argument("notebooks", nargs="*", help="only these notebooks (e.g. 00_setup)")
     commands.add_parser("info", help="print versions, devices and the profile")
     args = parser.parse_args(argv)
@@ -19,7 +20,7 @@ def main(argv=None) -> int:
     if args.command == "course":
         from t5nb.course import run_course
 
-        results = run_course(args.out, args.notebooks)
+        results = run_course(args.out, args.notebooks, fresh=args.fresh)
         return 0 if all(r["ok"] for r in results.values()) else 1
     import t5nb
 

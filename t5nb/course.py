@@ -1,11 +1,15 @@
 """Run the course headless: execute each notebook in a fresh kernel, save it and its log."""
 import json
+import os
 import pathlib
+import shutil
 import time
 
 import nbclient
 import nbformat
 from tqdm.auto import tqdm
+
+from t5nb.profiles import get_profile
 
 NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
 
@@ -44,9 +48,16 @@ def run_notebook(path: pathlib.Path, out_dir: pathlib.Path, timeout: int = 3600)
     return {"wall_s": round(wall_s, 1), "ok": error is None, "error": error}
 
 
-def run_course(out_dir="runs", names=None, notebooks_dir=NOTEBOOKS) -> dict:
-    """Run every notebook (or those in `names`) in order; results go to `<out_dir>/results.json`."""
-    out_dir = pathlib.Path(out_dir)
+def run_course(out_dir="runs", names=None, notebooks_dir=NOTEBOOKS, fresh: bool = False) -> dict:
+    """Run every notebook (or those in `names`) in order; results go to `<out_dir>/results.json`.
+
+    The notebooks' training runs go to `<out_dir>/<profile>/` too; `fresh` deletes that folder
+    first, so the course trains from scratch instead of reusing finished runs.
+    """
+    out_dir = pathlib.Path(out_dir).resolve()
+    os.environ["T5NB_RUNS_DIR"] = str(out_dir)  # the kernels inherit it (t5nb.workflow.runs_dir)
+    if fresh:
+        shutil.rmtree(out_dir / get_profile().name, ignore_errors=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = sorted(pathlib.Path(notebooks_dir).glob("[0-9][0-9]_*.ipynb"))
     if names:

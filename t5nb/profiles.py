@@ -15,6 +15,10 @@ class Profile:
     name: str
     description: str
     model: str  # a preset name in t5nb.config
+    vocabulary: str  # "facts" (shipped in data/) or "t5" (the official SentencePiece model)
+    pretrain_task: str
+    qa_task: str
+    finetune_task: str  # the downstream task of 03_finetuning
     batch_size: int
     inputs_length: int
     targets_length: int
@@ -28,6 +32,10 @@ PROFILES = {
         name="ci",
         description="CI: every notebook in about a minute on 2 CPU cores; numbers are not meaningful.",
         model="t5.1.1-tiny",
+        vocabulary="facts",
+        pretrain_task="facts_span_corruption",
+        qa_task="facts_qa",
+        finetune_task="facts_fact_check",
         batch_size=8,
         inputs_length=64,
         targets_length=16,
@@ -39,6 +47,10 @@ PROFILES = {
         name="cpu",
         description="The offline course on a CPU: small models on the embedded facts world.",
         model="t5.1.1-mini",
+        vocabulary="facts",
+        pretrain_task="facts_span_corruption",
+        qa_task="facts_qa",
+        finetune_task="facts_fact_check",
         batch_size=32,
         inputs_length=128,
         targets_length=32,
@@ -50,6 +62,10 @@ PROFILES = {
         name="accelerator",
         description="A TPU or GPU: real T5.1.1 sizes on real data.",
         model="t5.1.1-small",
+        vocabulary="t5",
+        pretrain_task="c4_span_corruption",
+        qa_task="closed_book_qa",
+        finetune_task="wmt14_ende",
         batch_size=64,
         inputs_length=512,
         targets_length=114,

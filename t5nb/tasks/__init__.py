@@ -7,7 +7,7 @@ Importing registers the facts tasks and the real tasks (idempotently):
   `closed_book_qa` (and `..._byte`): see `real`.
 """
 from t5nb.tasks.batching import BatchIterator, Preview, get_dataset, preview
-from t5nb.tasks.custom import TaskDataError, describe, read_examples, register_task
+from t5nb.tasks.custom import TaskDataError, describe, read_examples, register_task, token_lengths
 from t5nb.tasks.offline import FACT_CHECK, QA, SPAN_CORRUPTION, register_facts_tasks
 from t5nb.tasks.real import register_nq_open_jsonl, register_real_tasks, register_triviaqa_jsonl
 from t5nb.tasks.recipes import TaskNameError, get_task
@@ -22,5 +22,5 @@ __all__ = [
     "BatchIterator", "FACTS_SPM_PATH", "FACT_CHECK", "Preview", "QA", "SPAN_CORRUPTION", "TaskDataError",
     "TaskNameError", "describe", "get_dataset", "get_task", "get_vocabulary", "preview", "read_examples",
     "register_facts_tasks", "register_nq_open_jsonl", "register_real_tasks",
-    "register_task", "register_triviaqa_jsonl", "shared_data_dir",
+    "register_task", "register_triviaqa_jsonl", "shared_data_dir", "token_lengths",
 ]

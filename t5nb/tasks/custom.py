@@ -162,13 +162,11 @@ def register_task(name: str, files, *, fields: dict | None = None, file_format: 
                     prefix=prefix, metric=metric)
 
 
-def describe(task, split: str = "train", feature_lengths: dict | None = None,
-             max_examples: int = 10_000) -> dict:
-    """Example count, token-length percentiles and the fraction that `feature_lengths` would
-    truncate, per feature, measured on (at most `max_examples`) preprocessed examples."""
+def token_lengths(task, split: str = "train", feature_lengths: dict | None = None,
+                  max_examples: int = 10_000) -> dict:
+    """Untrimmed token length of each feature of (at most `max_examples`) preprocessed examples."""
     task = get_task(task)
-    feature_lengths = feature_lengths or {"inputs": 512, "targets": 114}
-    # Untrimmed lengths; span corruption needs its lengths to cut the text, so it never truncates.
+    # Span corruption needs its lengths to cut the text, so it never truncates; others untrimmed.
     lengths_to_apply = feature_lengths if is_pretraining(task) else None
     dataset = task.get_dataset(lengths_to_apply, split=split, shuffle=False, trim_output_features=False)
     lengths = {feature: [] for feature in task.output_features}
@@ -176,15 +174,23 @@ def describe(task, split: str = "train", feature_lengths: dict | None = None,
         for feature in lengths:
             if feature in example:
                 lengths[feature].append(len(example[feature]))
+    return {feature: np.array(values) for feature, values in lengths.items() if values}
+
+
+def describe(task, split: str = "train", feature_lengths: dict | None = None,
+             max_examples: int = 10_000) -> dict:
+    """Example count, token-length percentiles and the fraction that `feature_lengths` would
+    truncate, per feature, measured on (at most `max_examples`) preprocessed examples."""
+    task = get_task(task)
+    feature_lengths = feature_lengths or {"inputs": 512, "targets": 114}
+    lengths = token_lengths(task, split, feature_lengths, max_examples)
     report = {"task": task.name, "split": split,
               "examples": len(lengths["targets"]),
               "source_examples": task.num_input_examples(split)}
     for feature, values in lengths.items():
-        if values:
-            values = np.array(values)
-            report[feature] = {
-                **{f"p{q}": int(np.percentile(values, q)) for q in (50, 90, 99)},
-                "max": int(values.max()),
-                "truncated": float(np.mean(values > feature_lengths[feature])),
-            }
+        report[feature] = {
+            **{f"p{q}": int(np.percentile(values, q)) for q in (50, 90, 99)},
+            "max": int(values.max()),
+            "truncated": float(np.mean(values > feature_lengths[feature])),
+        }
     return report
