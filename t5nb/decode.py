@@ -320,12 +320,14 @@ class Predictor:
     def detokenize(self, sequences) -> list[str]:
         return [self.vocabulary.decode(row.tolist()) for row in sequences]
 
+    def postprocess(self, sequences) -> list:
+        """Sequences -> answers, through the task's postprocessor (as its metrics see them)."""
+        return [self.task.postprocess_fn(text, example=None, is_target=False) for text in self.detokenize(sequences)]
+
     def __call__(self, texts) -> list:
-        """Answers for `texts` (a string or a list), postprocessed as the task's metrics see them."""
+        """Answers for `texts` (a string or a list of them)."""
         single = isinstance(texts, str)
-        sequences, _ = self.generate(self.inputs([texts] if single else list(texts)))
-        answers = [self.task.postprocess_fn(text, example=None, is_target=False)
-                   for text in self.detokenize(sequences)]
+        answers = self.postprocess(self.generate(self.inputs([texts] if single else list(texts)))[0])
         return answers[0] if single else answers
 
 

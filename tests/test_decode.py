@@ -1,0 +1,182 @@
+"""Decoding: cached greedy vs full forward passes, beam search, sampling, scoring, a 4x2 mesh.
+
+One model config and one input shape throughout, so each decoding program compiles once.
+Run as a script (`python tests/test_decode.py`, 8 simulated devices) it is the mesh worker.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from t5nb import decode
+from t5nb.checkpoints import model_from_params, model_params
+from t5nb.config import get_config
+from t5nb.model import Transformer
+
+CONFIG = get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0)
+LENGTH = 8  # max decode length
+# Token transitions of the hand-set model: greedy takes 2 (0.6) then EOS (0.55): p = 0.33;
+# the better sequence is 3 (0.4) then EOS (1.0): p = 0.4.
+MARKOV = {0: {2: 0.6, 3: 0.4}, 2: {1: 0.55, 4: 0.45}, 3: {1: 1.0}, 4: {1: 1.0}}
+
+
+def make_inputs(rows=4, seed=0):
+    tokens = np.random.default_rng(seed).integers(2, CONFIG.vocab_size, (rows, 10)).astype(np.int32)
+    tokens[:, -3:] = 0
+    return tokens
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Transformer(CONFIG, rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="module")
+def markov_model():
+    """Decoder layers switched off (output projections zero) and one-hot embeddings: the next
+    token's distribution is `MARKOV[previous token]`, whatever the inputs."""
+    params = {name: np.array(value) for name, value in model_params(Transformer(CONFIG, rngs=nnx.Rngs(1))).items()}
+    for name in params:
+        if name.startswith("decoder/layers_") and name.endswith(("attention/out/kernel", "mlp/wo/kernel")):
+            params[name][:] = 0
+    emb = CONFIG.emb_dim
+    params["token_embedder/embedding"][:emb] = np.eye(emb)
+    logits = np.full((emb, CONFIG.vocab_size), -1e4, np.float32)
+    for previous, nexts in MARKOV.items():
+        for token, p in nexts.items():
+            logits[previous, token] = math.log(p)
+    params["decoder/logits_dense/kernel"][:] = logits / math.sqrt(emb)  # RMS norm scales one-hot by sqrt(e)
+    return model_from_params(CONFIG, params)
+
+
+@pytest.fixture(scope="module")
+def greedy(model):
+    return decode.greedy_decode(model, make_inputs(), LENGTH)
+
+
+def test_cached_greedy_equals_argmax_of_full_forward_passes(model, greedy):
+    inputs = make_inputs()
+    forward = nnx.jit(lambda m, enc, dec: m(enc, dec, jnp.ones_like(dec)))
+    tokens = np.zeros((len(inputs), LENGTH), np.int32)
+    done = np.zeros(len(inputs), bool)
+    for t in range(LENGTH):  # grow each sequence one token per full (uncached) forward pass
+        decoder_inputs = np.pad(tokens[:, :t], ((0, 0), (1, LENGTH - 1 - t)))
+        step = np.asarray(jnp.argmax(forward(model, inputs, decoder_inputs)[:, t], -1))
+        tokens[:, t] = np.where(done, 0, step)
+        done |= step == decode.EOS_ID
+    np.testing.assert_array_equal(np.asarray(greedy.sequences), tokens)
+    assert len(np.unique(tokens)) > 3  # a real test: several distinct tokens
+    np.testing.assert_allclose(greedy.scores, decode.score(model, inputs, tokens), rtol=1e-5)
+
+
+def test_greedy_stops_at_eos_and_scores_the_known_distribution(markov_model):
+    result = decode.greedy_decode(markov_model, make_inputs(), LENGTH)
+    np.testing.assert_array_equal(result.sequences, np.tile([2, 1, 0, 0, 0, 0, 0, 0], (4, 1)))
+    np.testing.assert_allclose(result.scores, np.log(0.6 * 0.55), rtol=1e-4)
+
+
+def test_beam_search_with_one_beam_equals_greedy(model, greedy):
+    beams = decode.beam_search(model, make_inputs(), LENGTH, num_decodes=1, alpha=0.0)
+    assert beams.sequences.shape == (4, 1, LENGTH)
+    np.testing.assert_array_equal(beams.sequences[:, 0], greedy.sequences)
+    np.testing.assert_allclose(beams.scores[:, 0], greedy.scores, rtol=1e-5)
+
+
+def test_beam_search_finds_the_sequence_greedy_misses(markov_model):
+    beams = decode.beam_search(markov_model, make_inputs(), LENGTH, num_decodes=2, alpha=0.0)
+    np.testing.assert_array_equal(beams.sequences[0, :, :3], [[3, 1, 0], [2, 1, 0]])
+    np.testing.assert_allclose(beams.scores[0], np.log([0.4, 0.6 * 0.55]), rtol=1e-4)
+    best = decode.decode(markov_model, make_inputs(), LENGTH, method="beam", num_decodes=2, alpha=0.0)
+    np.testing.assert_array_equal(best.sequences, beams.sequences[:, 0])
+
+
+def test_beam_scores_are_the_teacher_forced_log_likelihoods(model):
+    """Every beam's score equals a full forward pass over it: the cache was reordered right."""
+    inputs = make_inputs()
+    beams = decode.beam_search(model, inputs, LENGTH, num_decodes=2, alpha=0.6)
+    _, scores = decode.rank_classify(model, inputs, beams.sequences)
+    np.testing.assert_allclose(scores, beams.scores, rtol=1e-4)
+    lengths = np.where(np.asarray(beams.sequences) == decode.EOS_ID, np.arange(1, LENGTH + 1), LENGTH).min(-1)
+    ranked = np.asarray(beams.scores) / decode.brevity_penalty(0.6, lengths)
+    assert np.all(ranked[:, 0] >= ranked[:, 1] - 1e-5)
+
+
+def test_score_and_rank_classification_on_the_known_distribution(markov_model):
+    inputs = make_inputs()
+    options = np.array([[2, 1, 0], [3, 1, 0], [2, 4, 1]], np.int32)
+    best, scores = decode.rank_classify(markov_model, inputs, options)
+    np.testing.assert_array_equal(best, [1, 1, 1, 1])
+    np.testing.assert_allclose(scores[0], np.log([0.33, 0.4, 0.6 * 0.45]), rtol=1e-4)
+    targets = np.tile(np.pad(options[2], (0, 5)), (4, 1))
+    np.testing.assert_allclose(decode.score(markov_model, inputs, targets), np.log(0.6 * 0.45), rtol=1e-4)
+
+
+def test_top_k_one_sampling_equals_greedy(model, greedy):
+    sampled = decode.sample_decode(model, make_inputs(), LENGTH, temperature=1.0, top_k=1, seed=7)
+    np.testing.assert_array_equal(sampled.sequences, greedy.sequences)
+    np.testing.assert_allclose(sampled.scores, greedy.scores, rtol=1e-5)
+
+
+def test_sampling_is_reproducible_and_follows_the_distribution(markov_model):
+    inputs = make_inputs()
+    first = [np.asarray(decode.sample_decode(markov_model, inputs, LENGTH, seed=s).sequences) for s in range(50)]
+    again = decode.sample_decode(markov_model, inputs, LENGTH, seed=3)
+    np.testing.assert_array_equal(again.sequences, first[3])
+    samples = np.concatenate(first)
+    assert not all(np.array_equal(first[0], f) for f in first[1:])
+    assert abs(np.mean(samples[:, 0] == 2) - 0.6) < 0.1  # 200 draws of P(2) = 0.6
+    after_two = samples[samples[:, 0] == 2][:, 1]
+    assert set(after_two) == {1, 4} and abs(np.mean(after_two == 1) - 0.55) < 0.15
+    nucleus = decode.sample_decode(markov_model, inputs, LENGTH, top_p=0.5, seed=0)
+    np.testing.assert_array_equal(np.asarray(nucleus.sequences)[:, :2], [[2, 1]] * 4)
+
+
+def test_filter_logits_top_k_and_top_p():
+    logits = jnp.log(jnp.array([[0.1, 0.5, 0.15, 0.25]]))
+    kept = lambda **kw: np.asarray(decode.filter_logits(logits, **kw) > decode.NEG_INF)[0].tolist()  # noqa: E731
+    assert kept(top_k=2) == [False, True, False, True]
+    assert kept(top_p=0.5) == [False, True, False, False]
+    assert kept(top_p=0.7) == [False, True, False, True]
+    assert kept(top_p=0.8) == [False, True, True, True]
+
+
+def test_decoding_on_a_4x2_mesh_matches_one_device(tmp_path):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(done.stdout.strip().splitlines()[-1])
+    assert results["mesh"] == {"data": 4, "model": 2}
+    for name in ("greedy", "beam"):
+        np.testing.assert_array_equal(results[name]["mesh"]["sequences"], results[name]["one"]["sequences"])
+        np.testing.assert_allclose(results[name]["mesh"]["scores"], results[name]["one"]["scores"], rtol=1e-4)
+
+
+def mesh_worker():
+    """Decode a batch of 8 on one device and on a 4x2 mesh (sharded params and inputs)."""
+    from t5nb.mesh import make_mesh
+    from t5nb.train import TrainConfig, Trainer
+
+    mesh = make_mesh(2, jax.devices()[:8])
+    trainer = Trainer(CONFIG, TrainConfig(), mesh)
+    params = trainer.init_params(seed=0)
+    sharded, local = trainer.model(params), model_from_params(CONFIG, jax.device_get(params))
+    assert len(params["decoder"]["logits_dense"]["kernel"].sharding.device_set) == 8
+    inputs = make_inputs(rows=8)
+    runs = {"greedy": lambda m, **kw: decode.greedy_decode(m, inputs, LENGTH, **kw),
+            "beam": lambda m, **kw: decode.beam_search(m, inputs, LENGTH, num_decodes=2, **kw)}
+    results = {"mesh": dict(mesh.shape)}
+    for name, run in runs.items():
+        results[name] = {where: {k: np.asarray(v).tolist() for k, v in run(m, **kw)._asdict().items()}
+                         for where, m, kw in (("one", local, {}), ("mesh", sharded, {"mesh": mesh}))}
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    mesh_worker()
