@@ -3,6 +3,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --no-deps --no-cache-dir
+# Identical programs (a test's worker processes, a notebook's two fine-tunings) compile once.
+export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
 
 .PHONY: setup setup-test course test bench clean
 
@@ -34,4 +36,4 @@ bench: $(VENV)/.test
 	$(PY) bench/run.py $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs .jax_cache

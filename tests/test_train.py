@@ -21,8 +21,8 @@ WORKER = pathlib.Path(__file__).with_name("train_worker.py")
 
 
 def run_worker(tmp_path, *args, devices=1, wait=True, env_extra=None):
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-           "JAX_COMPILATION_CACHE_DIR": str(tmp_path.parent / "jax_cache"), **(env_extra or {})}
+    env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path.parent / "jax_cache"), **os.environ,
+           "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}", **(env_extra or {})}
     command = [sys.executable, str(WORKER), *map(str, args)]
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if not wait:
