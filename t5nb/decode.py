@@ -45,12 +45,15 @@ def filter_logits(logits, top_k: int = 0, top_p: float = 1.0):
     if top_k:
         kth_largest = jax.lax.top_k(logits, top_k)[0][..., -1:]
         logits = jnp.where(logits < kth_largest, NEG_INF, logits)
-    if top_p < 1.0:
+
+    def nucleus(logits):
         sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
-        before = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1) - jax.nn.softmax(sorted_logits, axis=-1)
+        probs = jax.nn.softmax(sorted_logits, axis=-1)
+        before = jnp.cumsum(probs, axis=-1) - probs  # probability of the larger logits
         cutoff = jnp.min(jnp.where(before < top_p, sorted_logits, jnp.inf), axis=-1, keepdims=True)
-        logits = jnp.where(logits < cutoff, NEG_INF, logits)
-    return logits
+        return jnp.where(logits < cutoff, NEG_INF, logits)
+
+    return jax.lax.cond(top_p < 1.0, nucleus, lambda x: x, logits)  # no sort unless asked
 
 
 # -- the jitted programs ----------------------------------------------------------------------
@@ -98,8 +101,8 @@ def _start(model, encoder_input_tokens, max_decode_length, copies=1):
     return jax.tree.map(lambda x: jnp.repeat(x, copies, axis=0) if x.ndim else x, cache)
 
 
-def _sample(model, encoder_input_tokens, rng, *, max_decode_length, temperature, top_k, top_p):
-    """Greedy (temperature 0) or temperature sampling: one token per row per step."""
+def _sample(model, encoder_input_tokens, rng, temperature, top_p, *, max_decode_length, greedy, top_k):
+    """Greedy or temperature sampling: one token per row per step."""
     batch = encoder_input_tokens.shape[0]
     cache = _start(model, encoder_input_tokens, max_decode_length)
 
@@ -112,7 +115,7 @@ def _sample(model, encoder_input_tokens, rng, *, max_decode_length, temperature,
         logits, cache = model.decode_step(token, cache)
         log_probs = jax.nn.log_softmax(logits)
         rng, key = jax.random.split(rng)
-        if temperature == 0:
+        if greedy:
             choice = jnp.argmax(logits, axis=-1)
         else:
             choice = jax.random.categorical(key, filter_logits(logits / temperature, top_k, top_p))
@@ -129,7 +132,7 @@ def _sample(model, encoder_input_tokens, rng, *, max_decode_length, temperature,
     return Decoded(sequences, scores)
 
 
-def _beam_search(model, encoder_input_tokens, *, max_decode_length, num_decodes, alpha):
+def _beam_search(model, encoder_input_tokens, alpha, *, max_decode_length, num_decodes):
     """Flax WMT's beam search over the cache: `num_decodes` live and finished beams per row."""
     batch, beams, length = encoder_input_tokens.shape[0], num_decodes, max_decode_length
     cache = _start(model, encoder_input_tokens, length, copies=beams)
@@ -222,16 +225,16 @@ def sample_decode(model, encoder_input_tokens, max_decode_length: int, *, temper
     Scores are the model's own (untempered) log-probabilities of the sampled tokens; the same
     `seed` gives the same samples."""
     rng = jax.random.key(seed) if isinstance(seed, int) else seed
-    return _sample_jit(model, encoder_input_tokens, rng, mesh=mesh, max_decode_length=max_decode_length,
-                       temperature=float(temperature), top_k=int(top_k), top_p=float(top_p))
+    return _sample_jit(model, encoder_input_tokens, rng, jnp.float32(temperature), jnp.float32(top_p), mesh=mesh,
+                       max_decode_length=max_decode_length, greedy=temperature == 0, top_k=int(top_k))
 
 
 def beam_search(model, encoder_input_tokens, max_decode_length: int, *, num_decodes: int = 4,
                 alpha: float = 0.6, mesh=None) -> Decoded:
     """Beam search: sequences [b, num_decodes, L] ranked by log-prob / brevity_penalty(alpha,
     length), best first, and their log-likelihoods [b, num_decodes]."""
-    return _beam_jit(model, encoder_input_tokens, mesh=mesh, max_decode_length=max_decode_length,
-                     num_decodes=int(num_decodes), alpha=float(alpha))
+    return _beam_jit(model, encoder_input_tokens, jnp.float32(alpha), mesh=mesh,
+                     max_decode_length=max_decode_length, num_decodes=int(num_decodes))
 
 
 def decode(model, encoder_input_tokens, max_decode_length: int, *, method: str = "greedy", mesh=None,

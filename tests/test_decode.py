@@ -33,6 +33,18 @@ def make_inputs(rows=4, seed=0):
     return tokens
 
 
+@pytest.fixture(scope="module", autouse=True)
+def mesh_worker_process():
+    """The 4x2 mesh run (8 simulated devices need a fresh process), started first so that it
+    compiles while the other tests do."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    process = subprocess.Popen([sys.executable, __file__], env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    yield process
+    process.kill()
+    process.communicate()
+
+
 @pytest.fixture(scope="module")
 def model():
     return Transformer(CONFIG, rngs=nnx.Rngs(0))
@@ -90,10 +102,10 @@ def test_beam_search_with_one_beam_equals_greedy(model, greedy):
 
 
 def test_beam_search_finds_the_sequence_greedy_misses(markov_model):
-    beams = decode.beam_search(markov_model, make_inputs(), LENGTH, num_decodes=2, alpha=0.0)
-    np.testing.assert_array_equal(beams.sequences[0, :, :3], [[3, 1, 0], [2, 1, 0]])
-    np.testing.assert_allclose(beams.scores[0], np.log([0.4, 0.6 * 0.55]), rtol=1e-4)
-    best = decode.decode(markov_model, make_inputs(), LENGTH, method="beam", num_decodes=2, alpha=0.0)
+    beams = decode.beam_search(markov_model, make_inputs(), LENGTH, num_decodes=2, alpha=0.6)
+    np.testing.assert_array_equal(beams.sequences[:, :, :3], [[[3, 1, 0], [2, 1, 0]]] * 4)
+    np.testing.assert_allclose(beams.scores, [np.log([0.4, 0.6 * 0.55])] * 4, rtol=1e-4)
+    best = decode.decode(markov_model, make_inputs(), LENGTH, method="beam", num_decodes=2, alpha=0.6)
     np.testing.assert_array_equal(best.sequences, beams.sequences[:, 0])
 
 
@@ -110,12 +122,14 @@ def test_beam_scores_are_the_teacher_forced_log_likelihoods(model):
 
 def test_score_and_rank_classification_on_the_known_distribution(markov_model):
     inputs = make_inputs()
-    options = np.array([[2, 1, 0], [3, 1, 0], [2, 4, 1]], np.int32)
+    options = np.zeros((4, 2, LENGTH), np.int32)
+    options[:, :, :2] = [[2, 1], [3, 1]]
+    options[1:, 1, :3] = [2, 4, 1]  # rows 1-3: two options that both start with 2
     best, scores = decode.rank_classify(markov_model, inputs, options)
-    np.testing.assert_array_equal(best, [1, 1, 1, 1])
-    np.testing.assert_allclose(scores[0], np.log([0.33, 0.4, 0.6 * 0.45]), rtol=1e-4)
-    targets = np.tile(np.pad(options[2], (0, 5)), (4, 1))
-    np.testing.assert_allclose(decode.score(markov_model, inputs, targets), np.log(0.6 * 0.45), rtol=1e-4)
+    np.testing.assert_array_equal(best, [1, 0, 0, 0])
+    np.testing.assert_allclose(scores, [np.log([0.33, 0.4])] + [np.log([0.33, 0.6 * 0.45])] * 3, rtol=1e-4)
+    targets = options[:, 1]
+    np.testing.assert_allclose(decode.score(markov_model, inputs, targets), scores[:, 1], rtol=1e-5)
 
 
 def test_top_k_one_sampling_equals_greedy(model, greedy):
@@ -147,35 +161,31 @@ def test_filter_logits_top_k_and_top_p():
     assert kept(top_p=0.8) == [False, True, True, True]
 
 
-def test_decoding_on_a_4x2_mesh_matches_one_device(tmp_path):
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    results = json.loads(done.stdout.strip().splitlines()[-1])
+def test_decoding_on_a_4x2_mesh_matches_one_device(mesh_worker_process, model, greedy):
+    output, _ = mesh_worker_process.communicate(timeout=600)
+    assert mesh_worker_process.returncode == 0, output[-3000:]
+    results = json.loads(output.strip().splitlines()[-1])
     assert results["mesh"] == {"data": 4, "model": 2}
-    for name in ("greedy", "beam"):
-        np.testing.assert_array_equal(results[name]["mesh"]["sequences"], results[name]["one"]["sequences"])
-        np.testing.assert_allclose(results[name]["mesh"]["scores"], results[name]["one"]["scores"], rtol=1e-4)
+    beams = decode.beam_search(model, make_inputs(), LENGTH, num_decodes=2, alpha=0.6)
+    for name, one_device in (("greedy", greedy), ("beam", beams)):
+        np.testing.assert_array_equal(results[name]["sequences"], one_device.sequences)
+        np.testing.assert_allclose(results[name]["scores"], one_device.scores, rtol=1e-4)
 
 
 def mesh_worker():
-    """Decode a batch of 8 on one device and on a 4x2 mesh (sharded params and inputs)."""
-    from t5nb.mesh import make_mesh
-    from t5nb.train import TrainConfig, Trainer
+    """Greedy and beam search on a 4x2 mesh (parameters and inputs sharded): the same model and
+    inputs as the tests' one-device runs."""
+    from t5nb.mesh import make_mesh, param_shardings
 
     mesh = make_mesh(2, jax.devices()[:8])
-    trainer = Trainer(CONFIG, TrainConfig(), mesh)
-    params = trainer.init_params(seed=0)
-    sharded, local = trainer.model(params), model_from_params(CONFIG, jax.device_get(params))
-    assert len(params["decoder"]["logits_dense"]["kernel"].sharding.device_set) == 8
-    inputs = make_inputs(rows=8)
-    runs = {"greedy": lambda m, **kw: decode.greedy_decode(m, inputs, LENGTH, **kw),
-            "beam": lambda m, **kw: decode.beam_search(m, inputs, LENGTH, num_decodes=2, **kw)}
-    results = {"mesh": dict(mesh.shape)}
-    for name, run in runs.items():
-        results[name] = {where: {k: np.asarray(v).tolist() for k, v in run(m, **kw)._asdict().items()}
-                         for where, m, kw in (("one", local, {}), ("mesh", sharded, {"mesh": mesh}))}
-    print(json.dumps(results))
+    graphdef, state = nnx.split(Transformer(CONFIG, rngs=nnx.Rngs(0)))
+    model = nnx.merge(graphdef, jax.device_put(state, param_shardings(state, mesh)))
+    assert len(model.decoder.logits_dense.kernel[...].sharding.device_set) == 8
+    results = {"mesh": dict(mesh.shape),
+               "greedy": decode.greedy_decode(model, make_inputs(), LENGTH, mesh=mesh),
+               "beam": decode.beam_search(model, make_inputs(), LENGTH, num_decodes=2, alpha=0.6, mesh=mesh)}
+    print(json.dumps({name: r if name == "mesh" else {k: np.asarray(v).tolist() for k, v in r._asdict().items()}
+                      for name, r in results.items()}))
 
 
 if __name__ == "__main__":
