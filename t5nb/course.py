@@ -64,7 +64,11 @@ def run_course(out_dir="runs", names=None, notebooks_dir=NOTEBOOKS, fresh: bool 
         paths = [p for p in paths if p.stem in names or p.name in names]
     results = {}
     for path in tqdm(paths, desc="course", unit="notebook"):
+        headline = out_dir / "headlines" / f"{path.stem}.json"  # workflow.record_headline writes it
+        headline.unlink(missing_ok=True)
         results[path.stem] = run_notebook(path, out_dir)
+        if headline.exists():
+            results[path.stem].update(json.loads(headline.read_text()))
         status = "ok" if results[path.stem]["ok"] else f"FAILED: {results[path.stem]['error']}"
         tqdm.write(f"{path.stem}: {results[path.stem]['wall_s']} s, {status}")
         (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -24,6 +24,7 @@ class Profile:
     targets_length: int
     pretrain_steps: int
     finetune_steps: int
+    eval_examples: int | None  # validation examples decoded per evaluation (None: all)
     matmul_size: int  # side of the square matmul 00_setup times
 
 
@@ -41,6 +42,7 @@ PROFILES = {
         targets_length=16,
         pretrain_steps=20,
         finetune_steps=20,
+        eval_examples=64,
         matmul_size=256,
     ),
     "cpu": Profile(
@@ -56,6 +58,7 @@ PROFILES = {
         targets_length=32,
         pretrain_steps=2000,
         finetune_steps=600,
+        eval_examples=None,
         matmul_size=1024,
     ),
     "accelerator": Profile(
@@ -71,6 +74,7 @@ PROFILES = {
         targets_length=114,
         pretrain_steps=10000,
         finetune_steps=2000,
+        eval_examples=None,
         matmul_size=8192,
     ),
 }

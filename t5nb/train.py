@@ -276,6 +276,7 @@ class TrainResult:
     state: TrainState
     history: list  # one dict of metrics per log point
     train_eval: list  # (step, metrics) per evaluation
+    model_dir: pathlib.Path
 
 
 def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=None, eval_every: int = 0,
@@ -361,4 +362,4 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
             checkpoints.wait()
         writer.flush()
         eval_writer.flush()
-    return TrainResult(state=state, history=history, train_eval=train_eval)
+    return TrainResult(state=state, history=history, train_eval=train_eval, model_dir=model_dir)

@@ -3,12 +3,13 @@
 Every notebook runs alone: `pretrained_params` restores the pretraining run that
 `02_pretraining` leaves under `runs/`, or runs that pretraining first if it is absent.
 """
+import json
 import os
 import pathlib
 
 import jax
 
-from t5nb import tasks
+from t5nb import evaluate, tasks
 from t5nb.config import T5Config, get_config
 from t5nb.profiles import Profile
 from t5nb.train import Trainer, TrainConfig, TrainResult, train
@@ -20,6 +21,13 @@ def runs_dir() -> pathlib.Path:
     """Where runs go: `$T5NB_RUNS_DIR`, else `runs/` beside the notebooks (`/content/runs` on Colab)."""
     default = "/content/runs" if "google.colab" in __import__("sys").modules else REPO / "runs"
     return pathlib.Path(os.environ.get("T5NB_RUNS_DIR", default))
+
+
+def record_headline(notebook: str, **numbers) -> None:
+    """Save a notebook's headline numbers; `t5nb course` puts them into `runs/results.json`."""
+    path = runs_dir() / "headlines" / f"{notebook}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(numbers, indent=2, default=float) + "\n")
 
 
 def model_config(profile: Profile, **changes) -> T5Config:
@@ -68,15 +76,26 @@ def pretrained_params(profile: Profile, progress: bool = True) -> dict:
 def finetune(profile: Profile, task: str, params: dict | None, num_steps: int | None = None, name: str = "",
              learning_rate: float = 1e-3, mesh=None, on_log=None, progress: bool = True):
     """Fine-tune on `task` from `params` (None: from random initialisation), T5X style:
-    constant learning rate 1e-3 with Adafactor. Returns (trainer, TrainResult)."""
+    Adafactor at a constant learning rate 1e-3, packed examples. Returns (trainer, TrainResult)."""
     trainer = Trainer(model_config(profile, dropout_rate=0.0), TrainConfig(learning_rate=learning_rate), mesh)
     state = trainer.init_state(jax.tree.map(lambda x: x, params) if params is not None else None)
-    batches = tasks.BatchIterator(task, feature_lengths(profile), profile.batch_size)
+    batches = tasks.BatchIterator(task, feature_lengths(profile), profile.batch_size, pack=True)
     model_dir = runs_dir() / profile.name / f"finetune_{task}{'_' + name if name else ''}"
     result = train(trainer, batches, num_steps or profile.finetune_steps, model_dir, state=state, log_every=25,
                    task_name=task, on_log=on_log, progress=progress)
     return trainer, result
 
 
-__all__ = ["TrainResult", "feature_lengths", "finetune", "model_config", "pretrain", "pretrained_params",
-           "pretraining_dir", "pretraining_trainer", "runs_dir"]
+def finetune_and_evaluate(profile: Profile, task: str, params: dict | None, name: str, on_log=None,
+                          num_steps: int | None = None):
+    """Fine-tune (see `finetune`), then decode the validation split and score it with the task's
+    own metrics (`evaluate.infer_eval`). Returns (trainer, TrainResult, metrics)."""
+    trainer, result = finetune(profile, task, params, num_steps=num_steps, name=name, on_log=on_log)
+    metrics = evaluate.infer_eval(trainer.model(result.state.params), task, result.model_dir,
+                                  step=int(jax.device_get(result.state.step)), feature_lengths=feature_lengths(profile),
+                                  batch_size=64, max_examples=profile.eval_examples)
+    return trainer, result, metrics
+
+
+__all__ = ["TrainResult", "feature_lengths", "finetune", "finetune_and_evaluate", "model_config", "pretrain", "pretrained_params",
+           "pretraining_dir", "pretraining_trainer", "record_headline", "runs_dir"]
