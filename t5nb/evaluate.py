@@ -1,0 +1,211 @@
+"""Inference evaluation, the results table, and evaluating or running saved checkpoints.
+
+- `infer_eval`: decode a task's split, apply its postprocessor and its own `metric_fns`, log
+  the metrics to TensorBoard under `<model_dir>/inference_eval/<task>` and write predictions
+  (input, target, prediction, score) to `<model_dir>/inference_eval/<task>-<step>.jsonl`.
+- `results_table`: the metrics by checkpoint step read back from the TensorBoard logs, as a
+  pandas DataFrame and `results.csv` (T5's `parse_tb`).
+- `load_model` / `evaluate_checkpoints` / `infer_file`: T5X's `eval.py` and `infer.py`, for a
+  training run's directory (orbax checkpoints) or a Hugging Face directory (`save_hf`).
+"""
+import ast
+import dataclasses
+import json
+import pathlib
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+import seqio
+import tensorflow as tf
+from clu import metric_writers
+
+from t5nb.config import T5Config
+from t5nb.decode import Predictor
+from t5nb.tasks import get_task
+
+LOG_KINDS = ("inference_eval", "training_eval")
+
+
+def _text(value):
+    """bytes (and arrays or lists of them) -> str, for postprocessors and JSON."""
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    if isinstance(value, np.ndarray):
+        return _text(value.tolist())
+    if isinstance(value, (list, tuple)):
+        return [_text(v) for v in value]
+    return value
+
+
+def task_examples(task, feature_lengths: dict, split: str = "validation", max_examples: int | None = None) -> list:
+    """The task's preprocessed examples of `split`, in order (numpy; tokens trimmed to the lengths)."""
+    dataset = get_task(task).get_dataset(feature_lengths, split=split, shuffle=False, num_epochs=1)
+    if max_examples is not None:
+        dataset = dataset.take(max_examples)
+    return list(dataset.as_numpy_iterator())
+
+
+def compute_metrics(task, examples: list, predictions: list[str], scores=None) -> tuple[list, list, dict]:
+    """As seqio's Evaluator: postprocess targets and predictions with the task's postprocessor,
+    then apply its metric functions. Returns (targets, predictions, metrics)."""
+    task = get_task(task)
+    targets = [task.postprocess_fn(_text(ex["targets_pretokenized"]), example=ex, is_target=True) for ex in examples]
+    predictions = [task.postprocess_fn(p, example=ex, is_target=False) for p, ex in zip(predictions, examples)]
+    metrics = {}
+    for metric_fn in task.predict_metric_fns:
+        metrics.update(metric_fn(targets, predictions))
+    for metric_fn in task.score_metric_fns if scores is not None else ():
+        metrics.update(metric_fn(targets, list(scores)))
+    return targets, predictions, {name: float(getattr(value, "value", value)) for name, value in metrics.items()}
+
+
+def infer_eval(model, task, model_dir, *, step: int, feature_lengths: dict, batch_size: int = 8,
+               split: str = "validation", max_examples: int | None = None, method: str = "greedy",
+               mesh=None, **options) -> dict:
+    """Decode `split` of `task`, score it with the task's metrics, log them at `step`, write the
+    predictions JSONL; return the metrics. `options` go to the decoding `method`."""
+    task = get_task(task)
+    examples = task_examples(task, feature_lengths, split, max_examples)
+    predictor = Predictor(model, task, input_length=feature_lengths["inputs"], batch_size=batch_size,
+                          max_decode_length=feature_lengths["targets"], method=method, mesh=mesh, **options)
+    inputs = np.zeros((len(examples), feature_lengths["inputs"]), np.int32)
+    for row, example in enumerate(examples):
+        inputs[row, : len(example["inputs"])] = example["inputs"]
+    sequences, scores = predictor.generate(inputs)
+    targets, predictions, metrics = compute_metrics(task, examples, predictor.detokenize(sequences), scores)
+    if jax.process_index() == 0:
+        out = pathlib.Path(model_dir) / "inference_eval"
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / f"{task.name}-{step}.jsonl", "w") as f:
+            for example, target, prediction, seq_score in zip(examples, targets, predictions, scores):
+                f.write(json.dumps({"input": _text(example["inputs_pretokenized"]), "target": _text(target),
+                                    "prediction": _text(prediction), "score": float(seq_score)}) + "\n")
+    writer = metric_writers.create_default_writer(str(pathlib.Path(model_dir) / "inference_eval" / task.name),
+                                                  just_logging=jax.process_index() > 0, asynchronous=False)
+    writer.write_scalars(step, metrics)
+    writer.close()
+    return metrics
+
+
+# -- the results table ------------------------------------------------------------------------
+def _event_scalars(path):
+    """(step, tag, value) of every scalar in one TensorBoard events file (TF1 or TF2 summaries)."""
+    for event in tf.compat.v1.train.summary_iterator(str(path)):
+        for value in event.summary.value:
+            if value.HasField("simple_value"):
+                yield event.step, value.tag, float(value.simple_value)
+            elif value.HasField("tensor") and not value.tensor.tensor_shape.dim:
+                yield event.step, value.tag, float(tf.make_ndarray(value.tensor))
+
+
+def results_table(model_dir, kinds=LOG_KINDS, csv: bool = True) -> pd.DataFrame:
+    """Metrics by step (rows) and `<kind>/<task>/<metric>` (columns) from the TensorBoard logs
+    under `<model_dir>/<kind>/<task>`; also written to `<model_dir>/results.csv`."""
+    model_dir = pathlib.Path(model_dir)
+    values = {}
+    for kind in kinds:
+        for events in sorted((model_dir / kind).glob("*/events.out.tfevents.*")):
+            for step, tag, value in _event_scalars(events):
+                values.setdefault(step, {})[f"{kind}/{events.parent.name}/{tag}"] = value
+    table = pd.DataFrame.from_dict(values, orient="index").sort_index().sort_index(axis=1)
+    table.index.name = "step"
+    if csv:
+        table.to_csv(model_dir / "results.csv")
+    return table
+
+
+# -- saved models ------------------------------------------------------------------------------
+def run_config(model_dir) -> tuple[T5Config, dict]:
+    """The model config and train config dict a training run wrote to `<model_dir>/config.json`."""
+    saved = json.loads((pathlib.Path(model_dir) / "config.json").read_text())
+    fields = {}
+    for field in dataclasses.fields(T5Config):
+        text = saved["model"][field.name]
+        if field.name == "dtype":
+            fields[field.name] = jnp.dtype(re.sub(r"^<class '(?:jax\.numpy\.)?(\w+)'>$", r"\1", text))
+        else:
+            fields[field.name] = ast.literal_eval(text)
+    return T5Config(**fields), saved["train"]
+
+
+def checkpoint_steps(model_dir) -> list[int]:
+    """Steps of the orbax checkpoints of a training run (empty for a Hugging Face directory)."""
+    from t5nb.train import RunCheckpoints
+
+    if not (pathlib.Path(model_dir) / "checkpoints").is_dir():
+        return []
+    return sorted(RunCheckpoints(pathlib.Path(model_dir) / "checkpoints").manager.all_steps())
+
+
+def load_model(model_dir, step: int | None = None, mesh=None):
+    """The model of a training run's checkpoint `step` (default: latest), on `mesh`, or of a
+    Hugging Face directory. Returns (model, step); a Hugging Face model is step 0."""
+    model_dir = pathlib.Path(model_dir)
+    if not checkpoint_steps(model_dir):
+        from t5nb.checkpoints import load_hf
+
+        return load_hf(model_dir), 0 if step is None else step
+    from t5nb.train import RunCheckpoints, TrainConfig, Trainer
+
+    model_config, train_config = run_config(model_dir)
+    trainer = Trainer(model_config, TrainConfig(**train_config), mesh)
+    state, _ = RunCheckpoints(model_dir / "checkpoints").restore(trainer.init_state(), step)
+    return trainer.model(state.params), int(jax.device_get(state.step))
+
+
+def evaluate_checkpoints(model_dir, tasks, *, steps=None, output_dir=None, **infer_eval_args) -> pd.DataFrame:
+    """T5X's eval.py: `infer_eval` every task at each checkpoint `steps` (default: all; a
+    Hugging Face directory: once), without training; the results table of `output_dir`."""
+    output_dir = output_dir or model_dir
+    tasks = [tasks] if isinstance(tasks, (str, seqio.Task)) else tasks
+    for step in steps or checkpoint_steps(model_dir) or [None]:
+        model, step = load_model(model_dir, step, infer_eval_args.get("mesh"))
+        for task in tasks:
+            infer_eval(model, task, output_dir, step=step, **infer_eval_args)
+    return results_table(output_dir)
+
+
+def read_inputs(path) -> list[str]:
+    """Inputs from a text file (one per line) or JSONL (field `input`, `inputs` or `question`)."""
+    lines = [line for line in pathlib.Path(path).read_text().splitlines() if line.strip()]
+    if str(path).endswith(".jsonl"):
+        rows = [json.loads(line) for line in lines]
+        field = next((f for f in ("input", "inputs", "question") if f in rows[0]), None)
+        if field is None:
+            raise ValueError(f"{path}: JSONL rows need an 'input', 'inputs' or 'question' field, got {sorted(rows[0])}")
+        return [row[field] for row in rows]
+    return lines
+
+
+def infer_file(model, task, input_path, output_path, **predictor_args) -> list[dict]:
+    """T5X's infer.py: predictions for every input of a file, written as JSONL
+    (input, prediction, score); `predictor_args` go to `Predictor`."""
+    predictor = Predictor(model, task, **predictor_args)
+    texts = read_inputs(input_path)
+    sequences, scores = predictor.generate(predictor.inputs(texts))
+    rows = [{"input": text, "prediction": _text(prediction), "score": float(seq_score)}
+            for text, prediction, seq_score in zip(texts, predictor.postprocess(sequences), scores)]
+    if jax.process_index() == 0:
+        pathlib.Path(output_path).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(output_path).write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return rows
+
+
+def run_command(args) -> int:
+    """`t5nb eval` and `t5nb infer` (see `t5nb.cli`)."""
+    decoding = dict(method="beam", num_decodes=args.beams, alpha=args.alpha) if args.beams > 1 else {}
+    if args.command == "eval":
+        table = evaluate_checkpoints(
+            args.model_dir, args.task, steps=args.step, split=args.split, max_examples=args.max_examples,
+            feature_lengths={"inputs": args.inputs_length, "targets": args.targets_length},
+            batch_size=args.batch_size, **decoding)
+        print(table.to_string())
+        return 0
+    model, step = load_model(args.model_dir, args.step)
+    rows = infer_file(model, args.task, args.input, args.output, input_length=args.inputs_length,
+                      max_decode_length=args.targets_length, batch_size=args.batch_size, **decoding)
+    print(f"{len(rows)} predictions of step {step} written to {args.output}")
+    return 0
