@@ -311,7 +311,7 @@ def main():
     args = parser.parse_args()
 
     on_cpu = jax.default_backend() == "cpu"
-    repeats = {"tiny": 5 if args.quick else 20, "small": 2 if args.quick else 7}
+    repeats = {"tiny": 5 if args.quick else 10, "small": 2 if args.quick else 5}
     warmup = 0 if args.quick else 1  # beyond the first call, which is never timed
     results = {"mode": "quick" if args.quick else "full", "date": datetime.datetime.now().isoformat(timespec="seconds"),
                "device": describe_device(), "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
@@ -324,7 +324,7 @@ def main():
     results["train"] = results["train_runs"][-1]  # the headline: the largest shape run
     if not args.no_decode:
         print("greedy decoding", flush=True)
-        results["decode_runs"] = bench_decode([1, 8], args.dtype, 2 if args.quick else 5)
+        results["decode_runs"] = bench_decode([1, 8], args.dtype, 1 if args.quick else 3)
         results["decode"] = results["decode_runs"][-1]  # the headline: batch 8
     results["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     print_table(results)
