@@ -3,8 +3,9 @@ from t5nb._tensorflow import import_tensorflow
 
 import_tensorflow()  # before seqio or tfds touch TensorFlow: JAX owns the accelerator
 
+from t5nb import mesh, plots, system  # noqa: E402
 from t5nb.profiles import Profile, get_profile  # noqa: E402
 from t5nb.system import in_colab, report  # noqa: E402
 
 __version__ = "0.1.0"
-__all__ = ["Profile", "get_profile", "in_colab", "report", "__version__"]
+__all__ = ["Profile", "get_profile", "in_colab", "mesh", "plots", "report", "system", "__version__"]
