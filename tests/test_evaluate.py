@@ -4,6 +4,7 @@ import json
 import os
 import pathlib
 
+import jax
 import numpy as np
 import pytest
 import seqio
@@ -13,7 +14,7 @@ from clu import metric_writers
 import t5nb.tasks as tasks
 from t5nb import cli, decode, evaluate
 from t5nb.config import get_config
-from t5nb.train import TrainConfig, Trainer, train
+from t5nb.train import RunCheckpoints, TrainConfig, Trainer, train
 
 DATA_DIR = os.environ.get("T5NB_DATA_DIR")
 LENGTHS = {"inputs": 32, "targets": 8}
@@ -60,12 +61,18 @@ def test_results_table_reads_the_tensorboard_logs(tmp_path):
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    """A tiny model trained two steps on facts_qa, with a checkpoint at each step."""
+    """A run directory as `train` leaves it, with checkpoints of two parameter sets at steps 1, 2
+    (training itself is test_train's business)."""
     model_dir = tmp_path_factory.mktemp("run")
     config = get_config("t5.1.1-tiny", vocab_size=tasks.get_vocabulary("facts").vocab_size)
     trainer = Trainer(config, TrainConfig(learning_rate=1e-2))
-    batches = tasks.BatchIterator(tasks.QA, LENGTHS, batch_size=8)
-    train(trainer, batches, 2, model_dir, checkpoint_every=1, log_every=1, progress=False)
+    state = trainer.init_state()
+    train(trainer, iter([]), 0, model_dir, state=state, progress=False)  # writes config.json
+    checkpoints = RunCheckpoints(model_dir / "checkpoints")
+    for step in (1, 2):
+        params = jax.tree.map(lambda x: x * (1 + step / 4), state.params)
+        checkpoints.save(state.replace(step=state.step + step, params=params), {})
+    checkpoints.wait()
     return model_dir
 
 
