@@ -24,6 +24,8 @@ class Profile:
     targets_length: int
     pretrain_steps: int
     finetune_steps: int
+    finetune_inputs_length: int  # fine-tuning and evaluation (questions are short)
+    finetune_targets_length: int
     eval_examples: int | None  # validation examples decoded per evaluation (None: all)
     matmul_size: int  # side of the square matmul 00_setup times
 
@@ -42,6 +44,8 @@ PROFILES = {
         targets_length=16,
         pretrain_steps=20,
         finetune_steps=20,
+        finetune_inputs_length=32,
+        finetune_targets_length=8,
         eval_examples=64,
         matmul_size=256,
     ),
@@ -58,6 +62,8 @@ PROFILES = {
         targets_length=32,
         pretrain_steps=2000,
         finetune_steps=600,
+        finetune_inputs_length=32,
+        finetune_targets_length=8,
         eval_examples=None,
         matmul_size=1024,
     ),
@@ -74,6 +80,8 @@ PROFILES = {
         targets_length=114,
         pretrain_steps=10000,
         finetune_steps=2000,
+        finetune_inputs_length=128,
+        finetune_targets_length=32,
         eval_examples=None,
         matmul_size=8192,
     ),

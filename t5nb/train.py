@@ -111,8 +111,10 @@ class Trainer:
         return jax.jit(create, out_shardings=self.param_shardings)()
 
     def init_state(self, params: dict | None = None) -> TrainState:
-        """Step 0 with `params` (e.g. from a checkpoint) or a fresh initialisation."""
-        params = self.init_params() if params is None else jax.device_put(params, self.param_shardings)
+        """Step 0 with a copy of `params` (e.g. from a checkpoint; the train step donates its
+        state, the caller's arrays survive) or a fresh initialisation."""
+        params = self.init_params() if params is None else jax.device_put(jax.tree.map(jnp.copy, params),
+                                                                           self.param_shardings)
         opt_state = jax.jit(self.optimizer.init, out_shardings=self._opt_state_shardings(params))(params)
         step = jax.device_put(jnp.zeros((), jnp.int32), self._replicated)
         return TrainState(step=step, params=params, opt_state=opt_state)

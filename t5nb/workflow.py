@@ -12,6 +12,7 @@ import jax
 from t5nb import evaluate, tasks
 from t5nb.config import T5Config, get_config
 from t5nb.profiles import Profile
+from t5nb.system import in_colab
 from t5nb.train import Trainer, TrainConfig, TrainResult, train
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -19,7 +20,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 
 def runs_dir() -> pathlib.Path:
     """Where runs go: `$T5NB_RUNS_DIR`, else `runs/` beside the notebooks (`/content/runs` on Colab)."""
-    default = "/content/runs" if "google.colab" in __import__("sys").modules else REPO / "runs"
+    default = "/content/runs" if in_colab() else REPO / "runs"
     return pathlib.Path(os.environ.get("T5NB_RUNS_DIR", default))
 
 
@@ -39,7 +40,13 @@ def model_config(profile: Profile, **changes) -> T5Config:
 
 
 def feature_lengths(profile: Profile) -> dict:
+    """Pretraining feature lengths."""
     return {"inputs": profile.inputs_length, "targets": profile.targets_length}
+
+
+def finetune_lengths(profile: Profile) -> dict:
+    """Fine-tuning and evaluation feature lengths."""
+    return {"inputs": profile.finetune_inputs_length, "targets": profile.finetune_targets_length}
 
 
 def pretraining_dir(profile: Profile) -> pathlib.Path:
@@ -74,15 +81,15 @@ def pretrained_params(profile: Profile, progress: bool = True) -> dict:
 
 
 def finetune(profile: Profile, task: str, params: dict | None, num_steps: int | None = None, name: str = "",
-             learning_rate: float = 1e-3, mesh=None, on_log=None, progress: bool = True):
+             learning_rate: float = 1e-3, checkpoint_every: int = 0, mesh=None, on_log=None, progress: bool = True):
     """Fine-tune on `task` from `params` (None: from random initialisation), T5X style:
-    Adafactor at a constant learning rate 1e-3, packed examples. Returns (trainer, TrainResult)."""
+    Adafactor at a constant learning rate 1e-3. Returns (trainer, TrainResult)."""
     trainer = Trainer(model_config(profile, dropout_rate=0.0), TrainConfig(learning_rate=learning_rate), mesh)
-    state = trainer.init_state(jax.tree.map(lambda x: x, params) if params is not None else None)
-    batches = tasks.BatchIterator(task, feature_lengths(profile), profile.batch_size, pack=True)
+    state = trainer.init_state(params)
+    batches = tasks.BatchIterator(task, finetune_lengths(profile), profile.batch_size)
     model_dir = runs_dir() / profile.name / f"finetune_{task}{'_' + name if name else ''}"
     result = train(trainer, batches, num_steps or profile.finetune_steps, model_dir, state=state, log_every=25,
-                   task_name=task, on_log=on_log, progress=progress)
+                   checkpoint_every=checkpoint_every, task_name=task, on_log=on_log, progress=progress)
     return trainer, result
 
 
@@ -92,10 +99,11 @@ def finetune_and_evaluate(profile: Profile, task: str, params: dict | None, name
     own metrics (`evaluate.infer_eval`). Returns (trainer, TrainResult, metrics)."""
     trainer, result = finetune(profile, task, params, num_steps=num_steps, name=name, on_log=on_log)
     metrics = evaluate.infer_eval(trainer.model(result.state.params), task, result.model_dir,
-                                  step=int(jax.device_get(result.state.step)), feature_lengths=feature_lengths(profile),
+                                  step=int(jax.device_get(result.state.step)), feature_lengths=finetune_lengths(profile),
                                   batch_size=64, max_examples=profile.eval_examples)
     return trainer, result, metrics
 
 
-__all__ = ["TrainResult", "feature_lengths", "finetune", "finetune_and_evaluate", "model_config", "pretrain", "pretrained_params",
-           "pretraining_dir", "pretraining_trainer", "record_headline", "runs_dir"]
+__all__ = ["TrainResult", "feature_lengths", "finetune", "finetune_and_evaluate", "finetune_lengths",
+           "model_config", "pretrain", "pretrained_params", "pretraining_dir", "pretraining_trainer",
+           "record_headline", "runs_dir"]

@@ -178,3 +178,10 @@ def test_tiny_model_loss_falls_on_the_offline_facts_corpus(tmp_path):
     print([round(h["loss"], 3) for h in history])
     assert history[-1]["loss"] < history[0]["loss"] - 0.5
     assert batches.state()["batches"] == 60
+
+
+def test_init_state_copies_params_so_donation_leaves_the_callers_arrays_alive():
+    trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0), TrainConfig(learning_rate=1e-2))
+    params = trainer.init_params()
+    state, _ = trainer.train_step(trainer.init_state(params), trainer.shard_batch(copy_batch()))
+    assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(params))  # not deleted by donation
