@@ -26,6 +26,14 @@ class T5Config:
     def replace(self, **changes) -> "T5Config":
         return dataclasses.replace(self, **changes)
 
+    def to_json(self) -> dict:
+        """The fields as JSON values (the dtype by name), as a run's `config.json` keeps them."""
+        return {**dataclasses.asdict(self), "dtype": jnp.dtype(self.dtype).name}
+
+    @classmethod
+    def from_json(cls, fields: dict) -> "T5Config":
+        return cls(**{**fields, "dtype": jnp.dtype(fields["dtype"]), "mlp_activations": tuple(fields["mlp_activations"])})
+
 
 _T5_1_0 = T5Config()
 _T5_1_1 = T5Config(mlp_activations=("gelu", "linear"), logits_via_embedding=False)

@@ -8,14 +8,10 @@
 - `load_model` / `evaluate_checkpoints` / `infer_file`: T5X's `eval.py` and `infer.py`, for a
   training run's directory (orbax checkpoints) or a Hugging Face directory (`save_hf`).
 """
-import ast
-import dataclasses
 import json
 import pathlib
-import re
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 import seqio
@@ -121,14 +117,7 @@ def results_table(model_dir, kinds=LOG_KINDS, csv: bool = True) -> pd.DataFrame:
 def run_config(model_dir) -> tuple[T5Config, dict]:
     """The model config and train config dict a training run wrote to `<model_dir>/config.json`."""
     saved = json.loads((pathlib.Path(model_dir) / "config.json").read_text())
-    fields = {}
-    for field in dataclasses.fields(T5Config):
-        text = saved["model"][field.name]
-        if field.name == "dtype":
-            fields[field.name] = jnp.dtype(re.sub(r"^<class '(?:jax\.numpy\.)?(\w+)'>$", r"\1", text))
-        else:
-            fields[field.name] = ast.literal_eval(text)
-    return T5Config(**fields), saved["train"]
+    return T5Config.from_json(saved["model"]), saved["train"]
 
 
 def checkpoint_steps(model_dir) -> list[int]:

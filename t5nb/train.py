@@ -296,8 +296,7 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
     model_dir = pathlib.Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     (model_dir / "config.json").write_text(json.dumps(
-        {"model": {k: str(v) for k, v in dataclasses.asdict(trainer.model_config).items()},
-         "train": dataclasses.asdict(trainer.train_config)}, indent=2))
+        {"model": trainer.model_config.to_json(), "train": dataclasses.asdict(trainer.train_config)}, indent=2))
     checkpoints = RunCheckpoints(model_dir / "checkpoints", keep_checkpoints) if checkpoint_every else None
     state = trainer.init_state() if state is None else state
     if checkpoints is not None and checkpoints.latest_step() is not None:
