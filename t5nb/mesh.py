@@ -7,34 +7,42 @@ import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
-# T5X's standard rules with 1-D parameter and activation partitioning: batch over 'data',
-# the wide model dimensions over 'model', everything else replicated.
-STANDARD_RULES = (
-    ("batch", "data"),
-    ("vocab", "model"),
-    ("embed", None),
-    ("mlp", "model"),
-    ("heads", "model"),
-    ("kv", None),
-    ("joined_kv", "model"),
-    ("relpos_buckets", None),
-    ("length", None),
-    ("layers", None),
-)
+
+def standard_rules(activation_dims: int = 1, parameter_dims: int = 1) -> tuple:
+    """T5X's `standard_logical_axis_rules`: the batch over 'data', the wide model dimensions
+    (vocab, mlp, heads) over 'model'; with 2-D partitioning `embed` also goes over 'model'
+    (activations) and/or 'data' (parameters). Earlier rules win; the rest is replicated."""
+    rules = [("batch", "data"), ("vocab", "model"), ("mlp", "model"), ("heads", "model"), ("kv", None),
+             ("joined_kv", "model")]
+    if activation_dims == 2:
+        rules.append(("embed", "model"))
+    if parameter_dims == 2:
+        rules.append(("embed", "data"))
+    return tuple(rules + [("embed", None), ("relpos_buckets", None), ("length", None), ("layers", None)])
+
+
+STANDARD_RULES = standard_rules()
 
 _ACTIVE = contextvars.ContextVar("t5nb_activation_sharding", default=None)
 
 
 def logical_to_spec(axes, rules=STANDARD_RULES) -> PartitionSpec:
-    """PartitionSpec for an array whose dimensions carry logical `axes` (each mesh axis used once)."""
-    table = dict(rules)
-    used, spec = set(), []
-    for name in axes:
-        mesh_axis = table.get(name) if name is not None else None
-        if mesh_axis in used:
-            mesh_axis = None
-        used.add(mesh_axis)
-        spec.append(mesh_axis)
+    """PartitionSpec for an array whose dimensions carry logical `axes`.
+
+    As Flax's `logical_to_mesh_axes`: rules apply in order; a rule assigns its mesh axis to a
+    dimension with that logical name not yet assigned, if no other dimension uses that mesh
+    axis; a rule to None keeps the dimension replicated.
+    """
+    spec, assigned, used = [None] * len(axes), [False] * len(axes), set()
+    for logical, mesh_axis in rules:
+        if mesh_axis is not None and mesh_axis in used:
+            continue
+        for index, name in enumerate(axes):
+            if name == logical and not assigned[index]:
+                spec[index], assigned[index] = mesh_axis, True
+                if mesh_axis is not None:
+                    used.add(mesh_axis)
+                break
     return PartitionSpec(*spec)
 
 
