@@ -54,7 +54,7 @@ PRESETS = {
     "t5-11b": _size(_T5_1_0, 1024, 128, 24, 128, 65536),
     # T5.1.1: gated GELU, untied `logits_dense`. "tiny" is T5X's test model (emb 8, 4x3 heads).
     "t5.1.1-tiny": _size(_T5_1_1, 8, 4, 2, 3, 16),
-    "t5.1.1-mini": _size(_T5_1_1, 256, 4, 4, 64, 1024),  # the offline course on a CPU
+    "t5.1.1-mini": _size(_T5_1_1, 128, 2, 3, 64, 512),  # the offline course on a CPU (~2 M + embeddings)
     "t5.1.1-small": _size(_T5_1_1, 512, 6, 8, 64, 1024),
     "t5.1.1-base": _size(_T5_1_1, 768, 12, 12, 64, 2048),
     "t5.1.1-large": _size(_T5_1_1, 1024, 16, 24, 64, 2816),
