@@ -141,13 +141,7 @@ def load_model(model_dir, step: int | None = None, mesh=None):
 
     model_config, train_config = run_config(model_dir)
     trainer = Trainer(model_config, TrainConfig(**train_config), mesh)
-    abstract = jax.eval_shape(trainer.init_state)  # the layout to restore into, nothing initialised
-    shardings = abstract.replace(step=jax.sharding.NamedSharding(trainer.mesh, jax.sharding.PartitionSpec()),
-                                 params=trainer.param_shardings,
-                                 opt_state=trainer._opt_state_shardings(abstract.params))
-    like = jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                        abstract, shardings)
-    state, _ = RunCheckpoints(model_dir / "checkpoints").restore(like, step)
+    state, _ = RunCheckpoints(model_dir / "checkpoints").restore(trainer.abstract_state(), step)
     return trainer.model(state.params), int(jax.device_get(state.step))
 
 

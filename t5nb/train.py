@@ -119,6 +119,14 @@ class Trainer:
         step = jax.device_put(jnp.zeros((), jnp.int32), self._replicated)
         return TrainState(step=step, params=params, opt_state=opt_state)
 
+    def abstract_state(self) -> TrainState:
+        """The train state's shapes, dtypes and shardings, nothing allocated: what to restore into."""
+        abstract = jax.eval_shape(self.init_state)
+        shardings = TrainState(step=self._replicated, params=self.param_shardings,
+                               opt_state=self._opt_state_shardings(abstract.params))
+        return jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                            abstract, shardings)
+
     def _opt_state_shardings(self, params):
         """Optimizer statistics shaped like their parameter share its sharding; the rest
         (Adafactor's factored rows/columns, counters) are replicated."""
@@ -253,10 +261,9 @@ class RunCheckpoints:
         self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
                                                         data=ocp.args.JsonSave(data_state)))
 
-    def restore(self, like: TrainState, step: int | None = None):
-        """(state, data_state) of `step` (default: latest), placed like `like`."""
+    def restore(self, abstract: TrainState, step: int | None = None):
+        """(state, data_state) of `step` (default: latest), laid out as `Trainer.abstract_state()`."""
         step = self.latest_step() if step is None else step
-        abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), like)
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
         return restored["state"], restored["data"]
@@ -298,11 +305,12 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
     (model_dir / "config.json").write_text(json.dumps(
         {"model": trainer.model_config.to_json(), "train": dataclasses.asdict(trainer.train_config)}, indent=2))
     checkpoints = RunCheckpoints(model_dir / "checkpoints", keep_checkpoints) if checkpoint_every else None
-    state = trainer.init_state() if state is None else state
-    if checkpoints is not None and checkpoints.latest_step() is not None:
-        state, data_state = checkpoints.restore(state)
+    if checkpoints is not None and checkpoints.latest_step() is not None:  # resume
+        state, data_state = checkpoints.restore(trainer.abstract_state())
         if hasattr(batches, "set_state"):
             batches.set_state(data_state)
+    elif state is None:
+        state = trainer.init_state()
     writer = metric_writers.create_default_writer(str(model_dir / "train"), just_logging=jax.process_index() > 0)
     eval_writer = metric_writers.create_default_writer(str(model_dir / "training_eval" / task_name),
                                                        just_logging=jax.process_index() > 0)
