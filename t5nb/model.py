@@ -114,21 +114,23 @@ class MultiHeadAttention(nnx.Module):
         self.config = c
 
     def project_kv(self, x):
-        """[b, k, e] -> keys and values [b, k, h, d] (cached once for decoding)."""
+        """[b, k, e] -> keys and values [b, h, k, d] (cached once for decoding)."""
         return self._heads(self.key(x)), self._heads(self.value(x))
 
     def _heads(self, x):
-        x = x.reshape(*x.shape[:-1], self.config.num_heads, self.config.head_dim)
-        return constrain(x, ("batch", "length", "heads", "kv"))
+        """[b, l, h*d] -> [b, h, l, d]: heads lead, so each head's scores are one plain matmul
+        (decoding reads the cached cross keys/values every step without transposing them)."""
+        x = x.reshape(*x.shape[:-1], self.config.num_heads, self.config.head_dim).swapaxes(1, 2)
+        return constrain(x, ("batch", "heads", "length", "kv"))
 
     def __call__(self, x_q, keys, values, bias, rngs=None):
-        """x_q [b, q, e], keys/values [b, k, h, d], bias [b or 1, h or 1, q, k] -> [b, q, e]."""
+        """x_q [b, q, e], keys/values [b, h, k, d], bias [b or 1, h or 1, q, k] -> [b, q, e]."""
         query = self._heads(self.query(x_q))
         logits_dtype = jnp.float32 if self.config.float32_attention_logits else self.config.dtype
-        logits = jnp.einsum("bqhd,bkhd->bhqk", query, keys, preferred_element_type=logits_dtype)
+        logits = jnp.einsum("bhqd,bhkd->bhqk", query, keys, preferred_element_type=logits_dtype)
         weights = jax.nn.softmax(logits + bias.astype(logits_dtype)).astype(self.config.dtype)
         weights = self.dropout(weights, deterministic=rngs is None, rngs=rngs)
-        y = jnp.einsum("bhqk,bkhd->bqhd", weights, values)
+        y = jnp.einsum("bhqk,bhkd->bqhd", weights, values)
         return self.out(y.reshape(*y.shape[:2], -1))
 
 
@@ -179,7 +181,7 @@ class DecoderLayer(nnx.Module):
         self.dropout = nnx.Dropout(config.dropout_rate)
 
     def __call__(self, y, self_kv, self_bias, cross_kv, cross_bias, rngs=None):
-        """`self_kv`/`cross_kv`: (keys, values) [b, k, h, d]; pass None to project from y."""
+        """`self_kv`/`cross_kv`: (keys, values) [b, h, k, d]; pass None to project from y."""
         deterministic = rngs is None
         h = self.pre_self_attention_layer_norm(y)
         self_kv = self_kv or self.self_attention.project_kv(h)
@@ -297,7 +299,7 @@ class Transformer(nnx.Module):
         """
         c, dec = self.config, self.decoder
         batch = encoded.shape[0]
-        empty = jnp.zeros((batch, max_decode_length, c.num_heads, c.head_dim), c.dtype)
+        empty = jnp.zeros((batch, c.num_heads, max_decode_length, c.head_dim), c.dtype)
         layers = []
         for i in range(dec.num_layers):
             cross_key, cross_value = getattr(dec, f"layers_{i}").encoder_decoder_attention.project_kv(encoded)
@@ -310,7 +312,7 @@ class Transformer(nnx.Module):
         """One decoder position: token [b] at `cache['index']` -> logits [b, v], new cache."""
         dec = self.decoder
         index = cache["index"]
-        max_length = cache["layers"][0]["self_key"].shape[1]
+        max_length = cache["layers"][0]["self_key"].shape[2]
         key_positions = jnp.arange(max_length)
         self_bias = (jnp.where(key_positions <= index, 0.0, NEG_INF)[None, None, None, :]
                      + dec.relpos_bias(index[None], key_positions))  # [1, h, 1, k]
@@ -322,7 +324,7 @@ class Transformer(nnx.Module):
             key, value = layer.self_attention.project_kv(layer.pre_self_attention_layer_norm(y))
             layer_cache = dict(layer_cache)
             for name, new in (("self_key", key), ("self_value", value)):
-                layer_cache[name] = jax.lax.dynamic_update_slice_in_dim(layer_cache[name], new, index, axis=1)
+                layer_cache[name] = jax.lax.dynamic_update_slice_in_dim(layer_cache[name], new, index, axis=2)
             y = layer(y, (layer_cache["self_key"], layer_cache["self_value"]), self_bias,
                       (layer_cache["cross_key"], layer_cache["cross_value"]), cross_bias)
             new_layers.append(layer_cache)
