@@ -5,6 +5,7 @@ v vocab. Parameters are float32; `config.dtype` is the compute dtype. Parameter 
 T5X (`encoder/layers_0/attention/query/kernel` as [e, h*d]), so converters are renames.
 """
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -24,6 +25,33 @@ _fan_in_truncated = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncat
 def _param(rngs, init, shape, axes):
     """A float32 parameter carrying its logical axis names (sharded later by mesh rules)."""
     return nnx.Param(init(rngs.params(), shape, jnp.float32), out_sharding=axes, eager_sharding=False)
+
+
+def _hashed_bits(seed, shape):
+    """32 pseudo-random bits per element: murmur3's finaliser of (element index * golden ratio
+    + seed). Indices wrap modulo 2**32, so patterns repeat only past 4G elements."""
+    index = sum(jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(math.prod(shape[axis + 1:]) % 2**32)
+                for axis in range(len(shape)))
+    x = index * jnp.uint32(0x9E3779B9) + seed
+    x = (x ^ (x >> 16)) * jnp.uint32(0x85EBCA6B)
+    x = (x ^ (x >> 13)) * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+class Dropout(nnx.Module):
+    """Inverted dropout whose mask is a counter-based hash seeded by one draw from
+    `rngs.dropout`. XLA:CPU spends ~25 ns per element on threefry (`nnx.Dropout`), which made
+    dropout a third of a T5.1.1-small train step; the hash fuses into the multiply (~0.5 ns)."""
+
+    def __init__(self, rate: float):
+        self.rate = rate
+
+    def __call__(self, x, *, deterministic: bool, rngs=None):
+        if deterministic or self.rate == 0.0:
+            return x
+        seed = jax.random.bits(rngs.dropout(), (), jnp.uint32)
+        keep = _hashed_bits(seed, x.shape) >= jnp.uint32(round(self.rate * 2**32))
+        return jnp.where(keep, x / (1.0 - self.rate), jnp.zeros_like(x)).astype(x.dtype)
 
 
 class Dense(nnx.Module):
@@ -110,7 +138,7 @@ class MultiHeadAttention(nnx.Module):
         self.key = Dense(c.emb_dim, joined, ("embed", "joined_kv"), c.dtype, rngs, _fan_in_normal)
         self.value = Dense(c.emb_dim, joined, ("embed", "joined_kv"), c.dtype, rngs, _fan_in_normal)
         self.out = Dense(joined, c.emb_dim, ("joined_kv", "embed"), c.dtype, rngs, _fan_in_normal)
-        self.dropout = nnx.Dropout(c.dropout_rate)
+        self.dropout = Dropout(c.dropout_rate)
         self.config = c
 
     def project_kv(self, x):
@@ -143,7 +171,7 @@ class MlpBlock(nnx.Module):
         for name in names:
             setattr(self, name, Dense(c.emb_dim, c.mlp_dim, ("embed", "mlp"), c.dtype, rngs))
         self.wo = Dense(c.mlp_dim, c.emb_dim, ("mlp", "embed"), c.dtype, rngs)
-        self.dropout = nnx.Dropout(c.dropout_rate)
+        self.dropout = Dropout(c.dropout_rate)
         self.names, self.activations = names, c.mlp_activations
 
     def __call__(self, x, rngs=None):
@@ -159,7 +187,7 @@ class EncoderLayer(nnx.Module):
         self.attention = MultiHeadAttention(config, rngs)
         self.pre_mlp_layer_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
         self.mlp = MlpBlock(config, rngs)
-        self.dropout = nnx.Dropout(config.dropout_rate)
+        self.dropout = Dropout(config.dropout_rate)
 
     def __call__(self, x, bias, rngs=None):
         deterministic = rngs is None
@@ -178,7 +206,7 @@ class DecoderLayer(nnx.Module):
         self.encoder_decoder_attention = MultiHeadAttention(config, rngs)
         self.pre_mlp_layer_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
         self.mlp = MlpBlock(config, rngs)
-        self.dropout = nnx.Dropout(config.dropout_rate)
+        self.dropout = Dropout(config.dropout_rate)
 
     def __call__(self, y, self_kv, self_bias, cross_kv, cross_bias, rngs=None):
         """`self_kv`/`cross_kv`: (keys, values) [b, h, k, d]; pass None to project from y."""
@@ -200,7 +228,7 @@ class Encoder(nnx.Module):
         for i in range(config.num_encoder_layers):
             setattr(self, f"layers_{i}", EncoderLayer(config, rngs))
         self.encoder_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
-        self.dropout = nnx.Dropout(config.dropout_rate)
+        self.dropout = Dropout(config.dropout_rate)
         self.num_layers = config.num_encoder_layers
 
 
@@ -210,7 +238,7 @@ class Decoder(nnx.Module):
         for i in range(config.num_decoder_layers):
             setattr(self, f"layers_{i}", DecoderLayer(config, rngs))
         self.decoder_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
-        self.dropout = nnx.Dropout(config.dropout_rate)
+        self.dropout = Dropout(config.dropout_rate)
         if not config.logits_via_embedding:
             self.logits_dense = Dense(config.emb_dim, config.vocab_size, ("embed", "vocab"),
                                       jnp.float32, rngs)

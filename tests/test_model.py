@@ -6,7 +6,7 @@ from flax import nnx
 
 from t5nb.checkpoints import abstract_params, model_from_params
 from t5nb.config import get_config
-from t5nb.model import Transformer
+from t5nb.model import Dropout, Transformer
 
 VOCAB = 64
 # Published sizes (vocab 32128): T5 paper / T5X model cards, T5.1.1 checkpoints.
@@ -79,3 +79,22 @@ def test_preset_parameter_counts_match_published_sizes():
         number, unit = published[:-1], {"M": 1e6, "B": 1e9}[published[-1]]
         print(f"{name}: {count:,} parameters (published {published})")
         assert round(count / unit, len(number.split(".")[1])) == float(number), name
+
+
+def test_dropout_drops_the_rate_independently_and_keeps_the_expectation():
+    dropout = Dropout(0.1)
+    x = jnp.ones((64, 8, 256, 32))  # 4.2M elements, a 4-d index
+    first = np.asarray(dropout(x, deterministic=False, rngs=nnx.Rngs(dropout=0)))
+    second = np.asarray(dropout(x, deterministic=False, rngs=nnx.Rngs(dropout=1)))
+    kept, kept_again = first > 0, second > 0
+    assert set(np.unique(first)) == {0.0, np.float32(1 / 0.9)}
+    assert abs(kept.mean() - 0.9) < 1e-3 and abs(first.mean() - 1.0) < 2e-3
+    # Independent across seeds and across neighbouring elements of every axis: P(both) = 0.81.
+    assert abs((kept & kept_again).mean() - 0.81) < 2e-3
+    for axis in range(4):
+        this, neighbour = np.moveaxis(kept, axis, 0)[:-1], np.moveaxis(kept, axis, 0)[1:]
+        assert abs((this & neighbour).mean() - 0.81) < 3e-3, axis
+    # Each call draws a new seed from the stream; deterministic or rate 0 is the identity.
+    rngs = nnx.Rngs(dropout=0)
+    assert not np.array_equal(dropout(x, deterministic=False, rngs=rngs), dropout(x, deterministic=False, rngs=rngs))
+    assert dropout(x, deterministic=True) is x and Dropout(0.0)(x, deterministic=False, rngs=rngs) is x
