@@ -268,10 +268,10 @@ def rank_classify(model, encoder_input_tokens, option_tokens, *, mesh=None) -> t
 
 # -- strings in, strings out ------------------------------------------------------------------
 def task_prefix(task) -> str:
-    """The text prefix a t5nb task's preprocessors add to `inputs` ("" if none)."""
+    """The text prefix a t5nb task's preprocessors add to `inputs` ("" if none, or a mixture)."""
     from t5nb.tasks.recipes import add_prefix
 
-    for preprocessor in task.preprocessors:
+    for preprocessor in getattr(task, "preprocessors", ()):  # a seqio.Mixture has none of its own
         if isinstance(preprocessor, functools.partial) and preprocessor.func is add_prefix:
             return preprocessor.keywords["prefix"]
     return ""
@@ -324,8 +324,12 @@ class Predictor:
         return [self.vocabulary.decode(row.tolist()) for row in sequences]
 
     def postprocess(self, sequences) -> list:
-        """Sequences -> answers, through the task's postprocessor (as its metrics see them)."""
-        return [self.task.postprocess_fn(text, example=None, is_target=False) for text in self.detokenize(sequences)]
+        """Sequences -> answers, through the task's postprocessor (as its metrics see them); a
+        mixture's tasks may postprocess differently, so a mixture returns the decoded text."""
+        texts = self.detokenize(sequences)
+        if not hasattr(self.task, "postprocess_fn"):  # a seqio.Mixture
+            return texts
+        return [self.task.postprocess_fn(text, example=None, is_target=False) for text in texts]
 
     def __call__(self, texts) -> list:
         """Answers for `texts` (a string or a list of them)."""

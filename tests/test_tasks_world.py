@@ -5,9 +5,11 @@ import json
 import numpy as np
 import pytest
 import seqio
+import tensorflow as tf
 
 import t5nb.tasks as tasks
 from t5nb.tasks import world
+from t5nb.tasks.recipes import salient_span_masking
 from t5nb.tasks.vocab import DATA_DIR, EXTRA_IDS, FACTS_VOCAB_SIZE, get_vocabulary, train_vocabulary
 
 LENGTHS = {"inputs": 64, "targets": 16}
@@ -56,9 +58,9 @@ def test_generation_is_deterministic(tmp_path):
 
 def test_vocabulary_is_reproduced_byte_for_byte(tmp_path):
     paths = {name: DATA_DIR / path.name for name, path in world.write_world(tmp_path).items()}
-    model = train_vocabulary(world.vocabulary_texts(paths), tmp_path / "facts_spm")
+    model = train_vocabulary(world.vocabulary_texts(paths), tmp_path / "new_folder" / "facts_spm")  # made if absent
     assert model.read_bytes() == (DATA_DIR / "facts_spm.model").read_bytes()
-    assert (tmp_path / "facts_spm.vocab").read_bytes() == (DATA_DIR / "facts_spm.vocab").read_bytes()
+    assert (tmp_path / "new_folder" / "facts_spm.vocab").read_bytes() == (DATA_DIR / "facts_spm.vocab").read_bytes()
 
 
 def test_vocabularies():
@@ -73,18 +75,19 @@ def test_vocabularies():
 
 def test_importing_again_registers_nothing_twice():
     assert tasks.register_facts_tasks() == [
-        "facts_span_corruption", "facts_qa", "facts_fact_check",
-        "facts_span_corruption_byte", "facts_qa_byte", "facts_fact_check_byte",
+        "facts_span_corruption", "facts_salient_span_masking", "facts_qa", "facts_fact_check", "facts_pretraining",
+        "facts_span_corruption_byte", "facts_salient_span_masking_byte", "facts_qa_byte", "facts_fact_check_byte",
+        "facts_pretraining_byte",
     ]
 
 
-@pytest.mark.parametrize("name", ["facts_span_corruption", "facts_qa", "facts_fact_check_byte"])
+@pytest.mark.parametrize("name", ["facts_span_corruption", "facts_pretraining", "facts_qa", "facts_fact_check_byte"])
 def test_offline_tasks_yield_declared_shapes(name):
     batch = next(tasks.BatchIterator(name, LENGTHS, batch_size=4))
     for key, value in batch.items():
         assert value.dtype == np.int32
         assert value.shape == (4, LENGTHS["inputs" if key.startswith("encoder") else "targets"])
-    assert ("encoder_segment_ids" in batch) == (name == "facts_span_corruption")  # pretraining packs
+    assert ("encoder_segment_ids" in batch) == ("qa" not in name and "check" not in name)  # pretraining packs
 
 
 def test_qa_and_fact_check_text():
@@ -110,3 +113,25 @@ def test_qa_metric_is_squad_em_and_f1():
     scores = metric([["Sydney"], ["Lisbon", "Lisboa"]], ["sydney", "Lisboa."])
     assert scores == {"em": 100.0, "f1": 100.0}
     assert task.postprocess_fn("x", example={"answers": [b"a", b"b"]}, is_target=True) == ["a", "b"]
+
+
+def test_salient_span_masking_hides_each_sentence_fact_value():
+    facts = {(row["entity"], row["value"]) for row in map(json.loads, (DATA_DIR / "facts.jsonl").open())}
+    dataset = tasks.get_task("facts_salient_span_masking").get_dataset(None, shuffle=False)
+    examples = list(dataset.take(200).as_numpy_iterator())
+    assert len(examples) == 200
+    for example in examples:
+        inputs, targets = example["inputs_pretokenized"].decode(), example["targets_pretokenized"].decode()
+        assert inputs.count("<extra_id_0>") == 1 and targets.startswith("<extra_id_0> ")
+        value = targets.removeprefix("<extra_id_0> ")
+        entity = next(name for name, v in facts if name in inputs)
+        assert (entity, value) in facts  # the masked span is this person's value, nothing more
+        assert example["targets"][0] == get_vocabulary("facts").vocab_size - 1
+
+
+def test_salient_span_masking_drops_texts_without_a_span():
+    texts = tf.data.Dataset.from_tensor_slices({"targets": ["Ann was born in Oslo in 1950.", "No facts here.",
+                                                            "Oslovia is not Oslo."]})
+    out = [{k: v.decode() for k, v in x.items()} for x in salient_span_masking(texts, "Oslo|1950").as_numpy_iterator()]
+    assert out == [{"inputs": "Ann was born in <extra_id_0> in 1950.", "targets": "<extra_id_0> Oslo"},
+                   {"inputs": "Oslovia is not <extra_id_0>.", "targets": "<extra_id_0> Oslo"}]

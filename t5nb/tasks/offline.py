@@ -3,11 +3,15 @@
 | task | objective |
 |---|---|
 | `facts_span_corruption` | span corruption on the corpus (train split only) |
+| `facts_salient_span_masking` | each corpus sentence with its fact's value masked (train only) |
+| `facts_pretraining` | mixture: span corruption + salient span masking, about half the tokens each |
 | `facts_qa` | `trivia question: <question>` -> answer; validation = held-out people; EM/F1 |
 | `facts_fact_check` | `fact check: <statement>` -> `true`/`false`; validation = held-out people |
 
 With the byte vocabulary the names end in `_byte` (`facts_qa_byte`, ...).
 """
+import seqio
+
 from t5nb.tasks import world
 from t5nb.tasks.custom import in_memory_source, read_examples
 from t5nb.tasks.recipes import add_task
@@ -15,6 +19,11 @@ from t5nb.tasks.vocab import DATA_DIR
 
 VOCABULARY_SUFFIXES = {"facts": "", "byte": "_byte"}
 SPAN_CORRUPTION = "facts_span_corruption"
+SALIENT_SPAN_MASKING = "facts_salient_span_masking"
+PRETRAINING = "facts_pretraining"
+# Mixing rates by examples: a span-corruption example is a packed ~128-token chunk, a salient
+# span one a ~15-token sentence, so 1 : 8 spends about half the tokens on each.
+PRETRAINING_RATES = {SPAN_CORRUPTION: 1.0, SALIENT_SPAN_MASKING: 8.0}
 QA = "facts_qa"
 FACT_CHECK = "facts_fact_check"
 
@@ -26,15 +35,23 @@ def _splits(stem: str, fields: dict) -> dict:
 def register_facts_tasks() -> list[str]:
     """Register the three facts tasks for every vocabulary (again: a no-op); return the names."""
     corpus = {"train": read_examples(DATA_DIR / "facts_corpus.txt")}
+    corpus_sentences = {"train": [{"targets": sentence} for example in corpus["train"]
+                                  for sentence in world.sentences(example["targets"])]}
     qa = _splits("facts_qa", {"inputs": "question", "targets": "answer"})
     fact_check = _splits("facts_fact_check", {"inputs": "statement", "targets": "label"})
     names = []
     for vocabulary, suffix in VOCABULARY_SUFFIXES.items():
         for name, examples, kwargs in (
             (SPAN_CORRUPTION, corpus, dict(objective="span_corruption")),
+            (SALIENT_SPAN_MASKING, corpus_sentences,
+             dict(objective="salient_span_masking", salient_spans=world.salient_spans_pattern())),
             (QA, qa, dict(objective="supervised", prefix=world.QA_PREFIX, metric="squad")),
             (FACT_CHECK, fact_check, dict(objective="supervised", prefix=world.FACT_CHECK_PREFIX, metric="accuracy")),
         ):
             add_task(name + suffix, in_memory_source(examples), vocabulary=vocabulary, exist_ok=True, **kwargs)
             names.append(name + suffix)
+        if PRETRAINING + suffix not in seqio.MixtureRegistry.names():
+            seqio.MixtureRegistry.add(PRETRAINING + suffix,
+                                      [(task + suffix, rate) for task, rate in PRETRAINING_RATES.items()])
+        names.append(PRETRAINING + suffix)
     return names

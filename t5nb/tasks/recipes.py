@@ -1,7 +1,9 @@
 """The pieces every t5nb task is built from: features, T5's preprocessors, metrics, registry.
 
-Two objectives, as in T5: `span_corruption` (a text source; T5's own preprocessor, 15% noise,
-mean span 3) and `supervised` (an `inputs`/`targets` source with a text prefix). Closed-book QA
+Three objectives: `span_corruption` (a text source; T5's own preprocessor, 15% noise, mean
+span 3), `salient_span_masking` (a text source; one named entity or date masked per text, as in
+the T5 closed-book QA paper's "+SSM" pretraining) and `supervised` (an `inputs`/`targets`
+source with a text prefix). Closed-book QA
 examples carry every accepted answer in `answers`, which `t5.data.postprocessors.qa` hands to
 the metric.
 """
@@ -68,6 +70,22 @@ def span_corruption_preprocessors() -> list:
     ]
 
 
+@seqio.map_over_dataset
+def _mask_first_salient_span(example, pattern: str, sentinel: str):
+    text = example["targets"]
+    span = tf.strings.regex_replace(text, rf"^.*?\b({pattern})\b.*$", r"\1")
+    masked = tf.strings.regex_replace(text, rf"\b({pattern})\b", sentinel, replace_global=False)
+    return {**example, "inputs": masked, "targets": tf.strings.join([sentinel, span], " ")}
+
+
+def salient_span_masking(dataset, pattern: str, sentinel: str = "<extra_id_0>"):
+    """Guu et al.'s salient span masking, as T5's closed-book QA paper pretrained with it: the
+    first match of `pattern` (a regex of entities and dates) becomes the sentinel in `inputs`,
+    and `targets` is the sentinel then the span. Texts without a match are dropped."""
+    dataset = dataset.filter(lambda example: tf.strings.regex_full_match(example["targets"], rf".*\b({pattern})\b.*"))
+    return _mask_first_salient_span(dataset, pattern=pattern, sentinel=sentinel)
+
+
 def supervised_preprocessors(prefix: str = "") -> list:
     """Prefix, tokenize, append EOS after trimming: T5's text-to-text recipe."""
     prefixing = [functools.partial(add_prefix, prefix=prefix)] if prefix else []
@@ -80,25 +98,32 @@ def supervised_preprocessors(prefix: str = "") -> list:
 
 def add_task(name: str, source: seqio.DataSource, *, objective: str, vocabulary: str,
              prefix: str = "", metric: str | None = None, extra_preprocessors=(),
-             exist_ok: bool = False) -> seqio.Task:
+             salient_spans: str = "", exist_ok: bool = False) -> seqio.Task:
     """Register a task; `exist_ok` returns the registered one (idempotent built-ins), else a
-    second registration of `name` is a `TaskNameError`."""
+    second registration of `name` is a `TaskNameError`. `salient_spans` is the regex that
+    `salient_span_masking` masks."""
     if name in seqio.TaskRegistry.names() or name in seqio.MixtureRegistry.names():
         if exist_ok:
             return seqio.get_mixture_or_task(name)
         raise TaskNameError(f"a task or mixture called {name!r} is already registered; choose another name")
     if objective == "span_corruption":
         preprocessors = list(extra_preprocessors) + span_corruption_preprocessors()
+    elif objective == "salient_span_masking":
+        if not salient_spans:
+            raise ValueError("objective 'salient_span_masking' needs `salient_spans`, a regex of the spans to mask")
+        preprocessors = (list(extra_preprocessors) + [functools.partial(salient_span_masking, pattern=salient_spans)]
+                         + supervised_preprocessors())
     elif objective == "supervised":
         preprocessors = list(extra_preprocessors) + supervised_preprocessors(prefix)
     else:
-        raise ValueError(f"unknown objective {objective!r}; choose 'span_corruption' or 'supervised'")
+        raise ValueError(f"unknown objective {objective!r}; choose 'span_corruption', "
+                         "'salient_span_masking' or 'supervised'")
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose one of {[m for m in METRICS if m]}")
     postprocess_fn, metric_fns = METRICS[metric]
     return seqio.TaskRegistry.add(
         name, source=source, preprocessors=preprocessors,
-        output_features=output_features(vocabulary, inputs_required=objective != "span_corruption"),
+        output_features=output_features(vocabulary, inputs_required=objective == "supervised"),
         postprocess_fn=postprocess_fn, metric_fns=metric_fns,
     )
 

@@ -40,6 +40,7 @@ def train_vocabulary(texts, model_prefix, vocab_size: int = FACTS_VOCAB_SIZE) ->
         user_defined_symbols=list(PUNCTUATION),  # "1941." must end in the same "1941" the answer is
     )
     model_path = pathlib.Path(f"{model_prefix}.model")
+    model_path.parent.mkdir(parents=True, exist_ok=True)
     model_path.write_bytes(model.getvalue())
     processor = sentencepiece.SentencePieceProcessor(model_proto=model.getvalue())
     pieces = (f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n" for i in range(processor.get_piece_size()))

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import pathlib
 import random
+import re
 
 SEED = 5
 NUM_PEOPLE = 400
@@ -117,6 +118,17 @@ RELATIONS = {
         ["Which instrument does {name} play?", "What instrument does {name} play?"],
     ),
 }
+
+
+def salient_spans_pattern() -> str:
+    """A regex matching every fact value: the salient spans that salient span masking hides."""
+    values = sorted({value for values, _, _ in RELATIONS.values() for value in values}, key=len, reverse=True)
+    return "|".join(re.escape(value) for value in values)
+
+
+def sentences(paragraph: str) -> list[str]:
+    """A corpus paragraph's sentences (each states one fact)."""
+    return re.split(r"(?<=\.) ", paragraph)
 
 
 @dataclasses.dataclass(frozen=True)
