@@ -2,7 +2,8 @@
 
 Importing registers the facts tasks and the real tasks (idempotently):
 
-- `facts_span_corruption`, `facts_qa`, `facts_fact_check` (and `..._byte`): see `offline`;
+- `facts_span_corruption`, `facts_salient_span_masking`, `facts_qa`, `facts_fact_check` and
+  the mixture `facts_pretraining` (and `..._byte`): see `offline`;
 - `c4_span_corruption`, `wmt14_ende`, `nq_open`, `triviaqa_nocontext`, mixture
   `closed_book_qa` (and `..._byte`): see `real`.
 """
