@@ -297,6 +297,11 @@ def print_table(results: dict) -> None:
         print(f"{'':32s} t5nb/HF throughput {train['ratio_vs_hf']:.2f}x, "
               f"{100 * train['frac_of_jax_fp32_peak']:.1f}% of JAX fp32 matmul peak "
               f"(analytic {train['analytic_flops'] / 1e9:.0f} GFLOP/step, XLA {(train['t5nb']['xla_flops'] or 0) / 1e9:.0f})")
+    for run in results.get("decode_runs", []):
+        print(f"greedy decoding, batch {run['batch']}, {run['input_length']} input tokens, {run['new_tokens']} new: "
+              f"t5nb {run['t5nb']['s']:.2f} s ({run['t5nb_tokens_per_s']:.0f} tokens/s), "
+              f"hf {run['hf']['s']:.2f} s ({run['hf_tokens_per_s']:.0f} tokens/s), {run['ratio_vs_hf']:.2f}x, "
+              f"same tokens {100 * run['same_tokens_frac']:.0f}%")
 
 
 def main():
