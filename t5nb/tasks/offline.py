@@ -33,7 +33,8 @@ def _splits(stem: str, fields: dict) -> dict:
 
 
 def register_facts_tasks() -> list[str]:
-    """Register the three facts tasks for every vocabulary (again: a no-op); return the names."""
+    """Register the four facts tasks and the pretraining mixture for every vocabulary (again: a
+    no-op); return the names."""
     corpus = {"train": read_examples(DATA_DIR / "facts_corpus.txt")}
     corpus_sentences = {"train": [{"targets": sentence} for example in corpus["train"]
                                   for sentence in world.sentences(example["targets"])]}
