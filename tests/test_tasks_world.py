@@ -87,7 +87,7 @@ def test_offline_tasks_yield_declared_shapes(name):
     for key, value in batch.items():
         assert value.dtype == np.int32
         assert value.shape == (4, LENGTHS["inputs" if key.startswith("encoder") else "targets"])
-    assert ("encoder_segment_ids" in batch) == ("qa" not in name and "check" not in name)  # pretraining packs
+    assert ("encoder_segment_ids" in batch) == (name in ("facts_span_corruption", "facts_pretraining"))  # pretraining packs
 
 
 def test_qa_and_fact_check_text():

@@ -10,11 +10,9 @@
 
 With the byte vocabulary the names end in `_byte` (`facts_qa_byte`, ...).
 """
-import seqio
-
 from t5nb.tasks import world
 from t5nb.tasks.custom import in_memory_source, read_examples
-from t5nb.tasks.recipes import add_task
+from t5nb.tasks.recipes import add_mixture, add_task
 from t5nb.tasks.vocab import DATA_DIR
 
 VOCABULARY_SUFFIXES = {"facts": "", "byte": "_byte"}
@@ -51,8 +49,6 @@ def register_facts_tasks() -> list[str]:
         ):
             add_task(name + suffix, in_memory_source(examples), vocabulary=vocabulary, exist_ok=True, **kwargs)
             names.append(name + suffix)
-        if PRETRAINING + suffix not in seqio.MixtureRegistry.names():
-            seqio.MixtureRegistry.add(PRETRAINING + suffix,
-                                      [(task + suffix, rate) for task, rate in PRETRAINING_RATES.items()])
+        add_mixture(PRETRAINING + suffix, [(task + suffix, rate) for task, rate in PRETRAINING_RATES.items()])
         names.append(PRETRAINING + suffix)
     return names

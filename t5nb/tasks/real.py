@@ -19,7 +19,7 @@ import seqio
 import t5.data
 
 from t5nb.tasks.custom import in_memory_source, read_examples
-from t5nb.tasks.recipes import add_task
+from t5nb.tasks.recipes import add_mixture, add_task
 from t5nb.tasks.world import QA_PREFIX
 
 C4 = "c4/en:2.2.0"
@@ -54,9 +54,8 @@ def register_real_tasks(vocabulary: str = "t5", suffix: str = "") -> list[str]:
         add_task(name + suffix, seqio.TfdsDataSource(tfds_name), objective=objective, vocabulary=vocabulary,
                  prefix=prefix, metric=metric, extra_preprocessors=[preprocessor], exist_ok=True)
     mixture = "closed_book_qa" + suffix
-    if mixture not in seqio.MixtureRegistry.names():
-        seqio.MixtureRegistry.add(mixture, ["nq_open" + suffix, "triviaqa_nocontext" + suffix],
-                                  default_rate=seqio.mixing_rate_num_examples)
+    add_mixture(mixture, ["nq_open" + suffix, "triviaqa_nocontext" + suffix],
+                default_rate=seqio.mixing_rate_num_examples)
     return [name + suffix for name, *_ in specs] + [mixture]
 
 

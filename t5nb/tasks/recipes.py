@@ -128,6 +128,14 @@ def add_task(name: str, source: seqio.DataSource, *, objective: str, vocabulary:
     )
 
 
+def add_mixture(name: str, tasks: list, **kwargs) -> seqio.Mixture:
+    """Register a mixture of registered tasks (`[(name, rate), ...]` or names with a
+    `default_rate`) once; registering it again returns the registered one."""
+    if name not in seqio.MixtureRegistry.names():
+        seqio.MixtureRegistry.add(name, tasks, **kwargs)
+    return seqio.get_mixture_or_task(name)
+
+
 def get_task(name_or_task) -> seqio.Task | seqio.Mixture:
     """A registered task or mixture, or a `TaskNameError` that suggests close names."""
     if isinstance(name_or_task, seqio.DatasetProviderBase):
