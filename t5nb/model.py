@@ -54,6 +54,29 @@ class Dropout(nnx.Module):
         return jnp.where(keep, x / (1.0 - self.rate), jnp.zeros_like(x)).astype(x.dtype)
 
 
+@jax.custom_vjp
+def matmul(x, kernel):
+    """x [..., i] @ kernel [i, o], with the kernel gradient computed as x^T @ grad.
+
+    Left to itself, JAX asks for (grad^T @ x)^T, and XLA:CPU then transposes the wide MLP
+    gradient [tokens, m] inside the fusion that computes it, at ~25 ns per element: a fifth of
+    a T5.1.1-small train step. Contracting x instead transposes a saved activation: a plain copy.
+    """
+    return jnp.dot(x, kernel)
+
+
+def _matmul_fwd(x, kernel):
+    return jnp.dot(x, kernel), (x, kernel)
+
+
+def _matmul_bwd(residuals, grad):
+    x, kernel = residuals
+    return jnp.dot(grad, kernel.T), jnp.einsum("...i,...o->io", x, grad)
+
+
+matmul.defvjp(_matmul_fwd, _matmul_bwd)
+
+
 class Dense(nnx.Module):
     """y = x @ kernel, kernel [in, out] with logical `axes`, computed in `dtype`."""
 
@@ -62,7 +85,7 @@ class Dense(nnx.Module):
         self.dtype = dtype
 
     def __call__(self, x):
-        return jnp.dot(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        return matmul(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
 
 
 class Embed(nnx.Module):

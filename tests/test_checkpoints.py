@@ -3,6 +3,7 @@ import json
 import os
 import pathlib
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -111,6 +112,35 @@ def test_t5nb_model_exports_to_transformers_with_equal_logits(tmp_path, preset):
     assert config == model.config
     for path, value in checkpoints.model_params(model).items():
         np.testing.assert_array_equal(params[path], value, err_msg=path)
+
+
+def test_parameter_gradients_equal_transformers(tmp_path):
+    """The backward pass (t5nb's own matmul and dropout-free layers) against torch autograd."""
+    model = random_t5nb_model("t5.1.1-tiny")
+    checkpoints.save_hf(model, tmp_path)
+    hf_model = transformers.T5ForConditionalGeneration.from_pretrained(tmp_path).eval()
+    rng = np.random.default_rng(1)
+    inputs, targets = tokens(rng, [12, 7, 3], 12), tokens(rng, [9, 5, 2], 9)
+
+    def summed_nll(model):
+        logits = model(inputs, shift_right(targets), targets)
+        log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+        return -jnp.sum(log_probs * (targets > 0))
+
+    grads = checkpoints.model_params(nnx.grad(summed_nll)(model))
+    hf_loss = torch.nn.functional.cross_entropy(
+        hf_model(input_ids=torch.tensor(np.asarray(inputs), dtype=torch.long),
+                 attention_mask=torch.tensor(np.asarray(inputs) > 0),
+                 decoder_input_ids=torch.tensor(np.asarray(shift_right(targets)), dtype=torch.long)).logits.flatten(0, 1),
+        torch.tensor(np.asarray(targets), dtype=torch.long).flatten(), ignore_index=0, reduction="sum")
+    hf_loss.backward()
+    hf_grads = dict(hf_model.named_parameters())
+    for path, grad in grads.items():
+        name, transposed = checkpoints.hf_name(path)
+        theirs = hf_grads[name].grad.numpy()
+        theirs = theirs.T if transposed else theirs
+        assert np.abs(theirs).max() > 0, path  # every parameter gets a gradient
+        np.testing.assert_allclose(grad, theirs, rtol=1e-3, atol=1e-4 * np.abs(theirs).max(), err_msg=path)
 
 
 def test_real_t5x_checkpoint_matches_transformers_after_export(tmp_path):
