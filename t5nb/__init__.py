@@ -1,5 +1,8 @@
 """t5nb: T5-style encoder-decoder models in JAX, and the notebook course that teaches them."""
+from t5nb._host_memory import keep_freed_host_memory
 from t5nb._tensorflow import import_tensorflow
+
+keep_freed_host_memory()  # before any thread allocates: XLA:CPU's step buffers are then reused
 
 import_tensorflow()  # before seqio or tfds touch TensorFlow: JAX owns the accelerator
 
