@@ -69,6 +69,13 @@ def cross_entropy_with_z_loss(logits, targets, z_loss=1e-4, label_smoothing=0.0)
     return loss + z_term, z_term
 
 
+def _is_top(logits, targets):
+    """Whether each target's logit is the largest (argmax == target but for exact ties); a
+    max is one pass over [b, q, v], where XLA:CPU's argmax reduce took 50 ms on a 32k vocab."""
+    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return target_logit >= jnp.max(logits, axis=-1)
+
+
 @struct.dataclass
 class TrainState:
     step: jax.Array
@@ -166,7 +173,7 @@ class Trainer:
         loss, z_term = cross_entropy_with_z_loss(logits, targets, self.train_config.z_loss,
                                                  self.train_config.label_smoothing)
         sums = {"loss": jnp.sum(loss * weights), "z_loss": jnp.sum(z_term * weights),
-                "correct": jnp.sum((jnp.argmax(logits, -1) == targets) * weights), "weight": jnp.sum(weights),
+                "correct": jnp.sum(_is_top(logits, targets) * weights), "weight": jnp.sum(weights),
                 "sequences": jnp.sum(jnp.any(weights > 0, axis=-1))}
         return sums["loss"], sums
 
