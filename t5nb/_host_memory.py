@@ -3,7 +3,7 @@ afresh at every step.
 
 glibc gives large blocks (and per-thread arenas) back to the kernel when they are freed. A
 T5.1.1-small train step on the CPU allocates about 4 GB of temporary buffers, so each step
-took ~1M page faults, 2.7 s of kernel time (8.3 s per step instead of 6.9 s). One arena,
+took ~1M page faults, 2.7 s of kernel time (8.3 s per step instead of 7.3 s). One arena,
 no mmap'd blocks and no trimming keep that memory for reuse; the cost is that the process
 keeps its peak heap. The settings act only on threads created afterwards, so this runs when
 t5nb is imported, before JAX starts its thread pool. Set T5NB_KEEP_FREED_MEMORY=0 to opt out.
