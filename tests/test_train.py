@@ -15,7 +15,7 @@ import optax
 import pytest
 
 from t5nb.config import get_config
-from t5nb.train import TrainConfig, Trainer, cross_entropy_with_z_loss, train
+from t5nb.train import TrainConfig, Trainer, cross_entropy_with_z_loss, is_argmax, train
 
 WORKER = pathlib.Path(__file__).with_name("train_worker.py")
 
@@ -51,6 +51,17 @@ def test_cross_entropy_with_z_loss_matches_optax():
     log_z = jax.nn.logsumexp(logits, -1)
     np.testing.assert_allclose(z_term, 1e-4 * log_z**2, rtol=1e-6)
     np.testing.assert_allclose(loss - z_term, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_token_accuracy_is_argmax_with_its_tie_break():
+    """Logits with many exact ties (as bf16 logits have): the first top index counts."""
+    rng = np.random.default_rng(0)
+    logits = rng.integers(0, 3, (4, 6, 9)).astype(np.float32)
+    targets = rng.integers(0, 9, (4, 6))
+    expected = np.argmax(logits, axis=-1) == targets
+    assert 0 < expected.sum() < (logits == logits.max(-1, keepdims=True))[
+        np.arange(4)[:, None], np.arange(6), targets].sum()  # ties decide some positions
+    np.testing.assert_array_equal(is_argmax(jnp.asarray(logits), jnp.asarray(targets)), expected)
 
 
 def copy_batch(rows=8, length=10, vocab=64, seed=0):
