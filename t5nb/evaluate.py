@@ -122,11 +122,11 @@ def run_config(model_dir) -> tuple[T5Config, dict]:
 
 def checkpoint_steps(model_dir) -> list[int]:
     """Steps of the orbax checkpoints of a training run (empty for a Hugging Face directory)."""
-    from t5nb.train import RunCheckpoints
+    from t5nb.run_checkpoints import RunCheckpoints
 
     if not (pathlib.Path(model_dir) / "checkpoints").is_dir():
         return []
-    return sorted(RunCheckpoints(pathlib.Path(model_dir) / "checkpoints").manager.all_steps())
+    return RunCheckpoints(pathlib.Path(model_dir) / "checkpoints").all_steps()
 
 
 def load_model(model_dir, step: int | None = None, mesh=None):
@@ -137,11 +137,12 @@ def load_model(model_dir, step: int | None = None, mesh=None):
         from t5nb.checkpoints import load_hf
 
         return load_hf(model_dir), 0 if step is None else step
-    from t5nb.train import RunCheckpoints, TrainConfig, Trainer
+    from t5nb.run_checkpoints import RunCheckpoints
+    from t5nb.train import TrainConfig, Trainer
 
     model_config, train_config = run_config(model_dir)
     trainer = Trainer(model_config, TrainConfig(**train_config), mesh)
-    state, _ = RunCheckpoints(model_dir / "checkpoints").restore(trainer.abstract_state(), step)
+    state = RunCheckpoints(model_dir / "checkpoints").restore(trainer.abstract_state(), step)
     return trainer.model(state.params), int(jax.device_get(state.step))
 
 

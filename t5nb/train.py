@@ -3,13 +3,15 @@ import dataclasses
 import json
 import math
 import pathlib
+import signal
+import threading
 import time
+import warnings
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-import orbax.checkpoint as ocp
 from clu import metric_writers
 from flax import nnx, struct
 from tqdm.auto import tqdm
@@ -17,6 +19,7 @@ from tqdm.auto import tqdm
 from t5nb import mesh as mesh_lib
 from t5nb.config import T5Config
 from t5nb.model import Transformer
+from t5nb.run_checkpoints import RunCheckpoints
 from t5nb.system import time_matmul
 
 # Dense bf16 peak FLOP/s per chip, for the MFU estimate (CPU: measured at start instead).
@@ -38,6 +41,25 @@ class TrainConfig:
     grad_accum_steps: int = 1
     seed: int = 0
 
+    def __post_init__(self):
+        def refuse(name, expected):
+            raise ValueError(f"TrainConfig.{name} must be {expected}, got {getattr(self, name)!r}")
+
+        if self.learning_rate is not None and not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            refuse("learning_rate", "a positive number (or None: rsqrt decay)")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 1:
+            refuse("warmup_steps", "a positive number of steps")
+        if self.optimizer not in ("adafactor", "adamw"):
+            refuse("optimizer", "'adafactor' or 'adamw'")
+        if not self.z_loss >= 0:
+            refuse("z_loss", "at least 0")
+        if not 0 <= self.label_smoothing < 1:
+            refuse("label_smoothing", "in [0, 1)")
+        if self.loss_normalizing_factor is not None and not self.loss_normalizing_factor > 0:
+            refuse("loss_normalizing_factor", "positive (or None: the number of target tokens)")
+        if not isinstance(self.grad_accum_steps, int) or self.grad_accum_steps < 1:
+            refuse("grad_accum_steps", "a positive whole number")
+
 
 def learning_rate_schedule(config: TrainConfig):
     if config.learning_rate is not None:
@@ -51,9 +73,7 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     if config.optimizer == "adafactor":
         return optax.adafactor(schedule, decay_rate=0.8, clipping_threshold=1.0,
                                multiply_by_parameter_scale=True, min_dim_size_to_factor=128)
-    if config.optimizer == "adamw":
-        return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
-    raise ValueError(f"unknown optimizer {config.optimizer!r}: use 'adafactor' or 'adamw'")
+    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
 
 
 def cross_entropy_with_z_loss(logits, targets, z_loss=1e-4, label_smoothing=0.0):
@@ -254,34 +274,6 @@ def evaluate(trainer: Trainer, params: dict, batches) -> dict:
     return finalize(jax.device_get(total))
 
 
-# -- checkpoints of our own runs ---------------------------------------------------------
-class RunCheckpoints:
-    """Orbax checkpoints of a run: train state plus data-iterator position; keeps the last K."""
-
-    def __init__(self, directory, keep: int = 3):
-        self.directory = pathlib.Path(directory).resolve()
-        self.manager = ocp.CheckpointManager(
-            self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
-
-    def latest_step(self) -> int | None:
-        return self.manager.latest_step()
-
-    def save(self, state: TrainState, data_state: dict) -> None:
-        step = int(jax.device_get(state.step))
-        self.manager.save(step, args=ocp.args.Composite(state=ocp.args.StandardSave(state),
-                                                        data=ocp.args.JsonSave(data_state)))
-
-    def restore(self, abstract: TrainState, step: int | None = None):
-        """(state, data_state) of `step` (default: latest), laid out as `Trainer.abstract_state()`."""
-        step = self.latest_step() if step is None else step
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
-        return restored["state"], restored["data"]
-
-    def wait(self) -> None:
-        self.manager.wait_until_finished()
-
-
 def _peak_flops(mesh) -> float:
     kind = mesh.devices.flat[0].device_kind
     for name, peak in PEAK_FLOPS.items():
@@ -298,6 +290,80 @@ class TrainResult:
     model_dir: pathlib.Path
 
 
+def record_config(model_dir: pathlib.Path, trainer: Trainer, resuming: bool) -> None:
+    """Write the run's `config.json` when it starts; on resume, compare it with the requested one:
+    another model is refused (naming the fields), changed training settings are allowed, as in
+    T5X, and reported. The record of what the checkpoints are is never replaced."""
+    requested = json.loads(json.dumps(
+        {"model": trainer.model_config.to_json(), "train": dataclasses.asdict(trainer.train_config)}))
+    path = model_dir / "config.json"
+    if not (resuming and path.exists()):
+        path.write_text(json.dumps(requested, indent=2))
+        return
+    saved = json.loads(path.read_text())
+
+    def changes(part):
+        old, new = saved.get(part, {}), requested[part]
+        return {k: (old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)}
+
+    if model_changes := changes("model"):
+        raise ValueError(f"{model_dir} holds checkpoints of another model; refusing to resume it with "
+                         + ", ".join(f"{k}={new!r} (saved: {old!r})" for k, (old, new) in model_changes.items())
+                         + ". Use a new model_dir, or the saved configuration (t5nb.evaluate.run_config).")
+    if train_changes := changes("train"):
+        warnings.warn(f"resuming {model_dir} with changed training settings "
+                      + ", ".join(f"{k}={new!r} (was {old!r})" for k, (old, new) in train_changes.items())
+                      + f"; {path} keeps the original", stacklevel=3)
+
+
+@jax.jit
+def all_finite(tree) -> jax.Array:
+    """Whether every floating-point number in `tree` is finite: one reduction on the device."""
+    return jnp.all(jnp.asarray([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree)
+                                if jnp.issubdtype(x.dtype, jnp.floating)]))
+
+
+class StopRequested:
+    """SIGINT (Ctrl-C, a notebook's interrupt) and SIGTERM (Colab, preemptible VMs) during
+    training: noted, so the loop saves a checkpoint at the end of the step, then stops. A
+    second Ctrl-C interrupts at once. Only in the main thread, where Python runs handlers."""
+
+    def __init__(self):
+        self.signal = None
+        self._previous = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGINT, signal.SIGTERM):
+                self._previous[number] = signal.signal(number, self._note)
+        return self
+
+    def _note(self, number, frame):
+        if self.signal == signal.SIGINT and number == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signal = number
+        tqdm.write(f"{signal.Signals(number).name}: stopping after this step (checkpoint first); "
+                   "Ctrl-C again to stop at once")
+
+    def __exit__(self, *exc):
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def raise_stop(self, step: int, saved: int | None):
+        where = f"checkpoint step {saved} saved" if saved is not None else "no checkpoints in this run"
+        message = f"stopped by {signal.Signals(self.signal).name} at step {step}; {where}"
+        if self.signal == signal.SIGTERM:
+            print(message, flush=True)
+            raise SystemExit(128 + signal.SIGTERM)
+        raise KeyboardInterrupt(message)
+
+
+def _check_positive(**values) -> None:
+    for name, value in values.items():
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive number of steps, got {value!r}")
+
+
 def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=None, eval_every: int = 0,
           checkpoint_every: int = 0, keep_checkpoints: int = 3, log_every: int = 50, state=None,
           task_name: str = "train_eval", on_log=None, progress: bool = True) -> TrainResult:
@@ -305,20 +371,24 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
 
     `num_steps` counts from the start of the run that wrote step 0: to fine-tune a checkpoint
     trained for N steps by another K, pass N + K (as T5X's TRAIN_STEPS). `batches` yields numpy
-    batches; if it has `state()`/`set_state()` its position is checkpointed and restored, so
-    a resumed run sees exactly the batches an uninterrupted one would. `eval_batches` is a
-    callable returning an iterable of batches. `on_log(step, metrics)` is called at log points
-    (the live plot). Metrics stay on the device between log points: no host sync per step.
+    batches; if it has `state()`/`set_state()` (and `save_pipeline()`/`restore_pipeline()`, as
+    `BatchIterator` has) its position is checkpointed and restored, so a resumed run sees exactly
+    the batches an uninterrupted one would. `eval_batches` is a callable returning an iterable of
+    batches. `on_log(step, metrics)` is called at log points (the live plot). Metrics stay on the
+    device between log points: no host sync per step. Ctrl-C or SIGTERM saves a checkpoint at the
+    end of the current step, then stops; a non-finite state is never saved.
     """
+    _check_positive(num_steps=num_steps, log_every=log_every)
+    for name, value in (("checkpoint_every", checkpoint_every), ("eval_every", eval_every)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a number of steps (0: never), got {value!r}")
     model_dir = pathlib.Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
-    (model_dir / "config.json").write_text(json.dumps(
-        {"model": trainer.model_config.to_json(), "train": dataclasses.asdict(trainer.train_config)}, indent=2))
     checkpoints = RunCheckpoints(model_dir / "checkpoints", keep_checkpoints) if checkpoint_every else None
-    if checkpoints is not None and checkpoints.latest_step() is not None:  # resume
-        state, data_state = checkpoints.restore(trainer.abstract_state())
-        if hasattr(batches, "set_state"):
-            batches.set_state(data_state)
+    resuming = checkpoints is not None and checkpoints.latest_step() is not None
+    record_config(model_dir, trainer, resuming)
+    if resuming:
+        state = checkpoints.restore_latest(trainer.abstract_state(), batches)
     elif state is None:
         state = trainer.init_state()
     writer = metric_writers.create_default_writer(str(model_dir / "train"), just_logging=jax.process_index() > 0)
@@ -326,10 +396,15 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
                                                        just_logging=jax.process_index() > 0)
     step = int(jax.device_get(state.step))
     history, train_eval, pending = [], [], []
-    last_good = checkpoints.latest_step() if checkpoints else None
+    last_good = step if resuming else None
     peak = flops = None
     bar = tqdm(total=num_steps, initial=step, desc="train", unit="step", disable=not progress)
     tick = time.perf_counter()
+
+    def where():
+        if last_good is None:
+            return "no checkpoint was written"
+        return f"last good checkpoint: step {last_good} in {checkpoints.directory}"
 
     def flush():
         """Fetch the metrics of the steps since the last flush (one host sync), log them."""
@@ -339,9 +414,8 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
         total = {k: np.sum([s[k] for s in sums]) for k in ("loss", "z_loss", "correct", "weight", "sequences")}
         metrics = finalize({**total, **{k: sums[-1][k] for k in ("grad_norm", "learning_rate")}})
         if not all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")):
-            where = f"last good checkpoint: step {last_good} in {checkpoints.directory}" if last_good is not None else "no checkpoint was written"
             raise FloatingPointError(f"loss became {metrics['loss']} (grad norm {metrics['grad_norm']}) "
-                                     f"between steps {step - len(sums)} and {step}; stopped, {where}")
+                                     f"between steps {step - len(sums)} and {step}; stopped, {where()}")
         if flops is None:
             flops, peak = trainer.step_flops(), _peak_flops(trainer.mesh)
         metrics["seqs_per_s"] = float(total["sequences"]) / elapsed
@@ -356,25 +430,39 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
             on_log(step, metrics)
         pending, tick = [], time.perf_counter()
 
+    def save():
+        """Checkpoint the state after `step`, if it is finite."""
+        nonlocal last_good
+        if not all_finite((state.params, state.opt_state)):
+            raise FloatingPointError(f"the parameters or optimizer state at step {step} are not finite; "
+                                     f"not saved, stopped, {where()}")
+        checkpoints.save(state, batches)
+        last_good = step
+
     try:
-        while step < num_steps:
-            batch = trainer.shard_batch(next(batches))
-            state, sums = trainer.train_step(state, batch)
-            if not history and not pending:
-                tick = time.perf_counter()  # the first call compiled: leave that out of the throughput
-            step += 1
-            pending.append(sums)
-            bar.update(1)
-            at_checkpoint = checkpoints is not None and (step % checkpoint_every == 0 or step == num_steps)
-            if step % log_every == 0 or at_checkpoint or step == num_steps:
-                flush()
-            if eval_batches is not None and eval_every and (step % eval_every == 0 or step == num_steps):
-                metrics = evaluate(trainer, state.params, eval_batches())
-                eval_writer.write_scalars(step, metrics)
-                train_eval.append((step, metrics))
-            if at_checkpoint:
-                checkpoints.save(state, batches.state() if hasattr(batches, "state") else {})
-                last_good = step
+        with StopRequested() as stop:
+            while step < num_steps and stop.signal is None:
+                batch = trainer.shard_batch(next(batches))
+                state, sums = trainer.train_step(state, batch)
+                if not history and not pending:
+                    tick = time.perf_counter()  # the first call compiled: leave that out of the throughput
+                step += 1
+                pending.append(sums)
+                bar.update(1)
+                at_checkpoint = checkpoints is not None and (
+                    step % checkpoint_every == 0 or step == num_steps or stop.signal is not None)
+                if step % log_every == 0 or at_checkpoint or step == num_steps:
+                    flush()
+                if eval_batches is not None and eval_every and (step % eval_every == 0 or step == num_steps):
+                    metrics = evaluate(trainer, state.params, eval_batches())
+                    eval_writer.write_scalars(step, metrics)
+                    train_eval.append((step, metrics))
+                if at_checkpoint:
+                    save()
+            if stop.signal is not None:
+                if pending:
+                    flush()
+                stop.raise_stop(step, last_good)
     finally:  # an error or an interrupt still completes the checkpoint in flight
         bar.close()
         if checkpoints is not None:

@@ -1,13 +1,17 @@
 """Batches for the model: seqio's encoder-decoder feature converter, deterministic shuffling,
-an iterator whose position saves to a small dict, and a preview of one example.
+an iterator that resumes exactly, and a preview of one example.
 
     batches = BatchIterator("facts_span_corruption", {"inputs": 128, "targets": 32}, batch_size=32)
     batch = next(batches)          # numpy arrays: encoder_input_tokens, decoder_target_tokens, ...
     state = batches.state()        # {"task": ..., "batches": 1, ...}: JSON-able
     resumed = BatchIterator.from_state(state)  # yields exactly the batches `batches` yields next
+    batches.save_pipeline(folder)  # the input pipeline's own state (a few MB): resuming from it
+    batches.restore_pipeline(folder, state)  # costs a fraction of a second, not a replay
 """
 import dataclasses
 import json
+import pathlib
+import warnings
 
 import seqio
 import tensorflow as tf
@@ -40,29 +44,41 @@ def get_dataset(task, feature_lengths: dict, batch_size: int, *, split: str = "t
 class BatchIterator:
     """An endless (or `num_epochs`-long) iterator of numpy batches that can resume.
 
-    `state()` is a small JSON-able dict: the settings plus how many batches were consumed.
-    `from_state(state)` rebuilds the same deterministic pipeline and skips that many batches.
+    Its position has two forms. `state()` is a small JSON-able dict: the settings plus how many
+    batches were consumed; `set_state` and `from_state` rebuild the same deterministic pipeline
+    and replay that many batches (seconds per thousand batches). `save_pipeline` writes the
+    tf.data iterator's own checkpoint (shuffle buffer, packing, position), as T5X does, and
+    `restore_pipeline` resumes from it in constant time. Both give exactly the batches an
+    uninterrupted iterator yields next.
     """
+
+    PIPELINE_PREFIX = "pipeline"  # file prefix of the tf.data checkpoint in a folder
 
     def __init__(self, task, feature_lengths: dict, batch_size: int, *, split: str = "train",
                  pack: bool | None = None, shuffle: bool = True, seed: int = 0,
                  num_epochs: int | None = None, try_in_mem_cache: bool = True, batches: int = 0):
         self.task = get_task(task)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.settings = dict(task=self.task.name, feature_lengths=dict(feature_lengths), batch_size=batch_size,
                              split=split, pack=is_pretraining(self.task) if pack is None else pack,
                              shuffle=shuffle, seed=seed, num_epochs=num_epochs, try_in_mem_cache=try_in_mem_cache)
-        self._dataset = get_dataset(self.task, **{k: v for k, v in self.settings.items() if k != "task"})
         self._seek(batches)
+
+    def _new_iterator(self, skip: int = 0):
+        """A fresh pipeline (seqio reshuffles each new iteration of a dataset, so never reuse one)."""
+        dataset = get_dataset(self.task, **{k: v for k, v in self.settings.items() if k != "task"})
+        return iter(dataset.skip(skip).prefetch(2))
 
     def _seek(self, batches: int) -> None:
         self.batches = batches
-        self._iterator = self._dataset.skip(batches).prefetch(2).as_numpy_iterator()
+        self._iterator = self._new_iterator(batches)
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict:
-        batch = next(self._iterator)
+        batch = {name: value.numpy() for name, value in next(self._iterator).items()}
         self.batches += 1
         return batch
 
@@ -70,12 +86,37 @@ class BatchIterator:
         """Everything needed to resume: settings and the number of batches consumed."""
         return {**self.settings, "batches": self.batches}
 
+    def _check_settings(self, state: dict) -> None:
+        saved = {k: v for k, v in state.items() if k != "batches"}
+        mine = json.loads(json.dumps(self.settings))
+        changed = sorted(k for k in saved.keys() | mine.keys() if saved.get(k) != mine.get(k))
+        if changed:
+            raise ValueError("the checkpoint's data settings differ from this iterator's: " + ", ".join(
+                f"{k} {saved.get(k)!r} in the checkpoint, {mine.get(k)!r} here" for k in changed))
+
     def set_state(self, state: dict) -> None:
-        """Move to the position `state()` recorded (a training run resuming from a checkpoint)."""
-        settings = {k: v for k, v in state.items() if k != "batches"}
-        if settings != json.loads(json.dumps(self.settings)):
-            raise ValueError(f"the checkpoint's data settings {settings} differ from this iterator's {self.settings}")
+        """Move to the position `state()` recorded, replaying the pipeline up to it."""
+        self._check_settings(state)
         self._seek(state["batches"])
+
+    def save_pipeline(self, folder) -> None:
+        """Write the input pipeline's state into `folder` (tf.data's iterator checkpoint)."""
+        tf.train.Checkpoint(iterator=self._iterator).write(str(pathlib.Path(folder) / self.PIPELINE_PREFIX))
+
+    def restore_pipeline(self, folder, state: dict) -> None:
+        """Resume from `save_pipeline`'s files and the `state()` saved with them; if they cannot
+        be read (another TensorFlow, a damaged file), warn and replay to `state` instead."""
+        self._check_settings(state)
+        iterator = self._new_iterator()
+        try:
+            tf.train.Checkpoint(iterator=iterator).read(str(pathlib.Path(folder) / self.PIPELINE_PREFIX)).assert_consumed()
+        except (tf.errors.OpError, ValueError, AssertionError) as error:
+            warnings.warn(f"could not restore the input pipeline from {folder} ({type(error).__name__}: "
+                          f"{str(error).splitlines()[0] if str(error) else ''}); replaying {state['batches']} batches "
+                          f"instead", stacklevel=2)
+            self._seek(state["batches"])
+            return
+        self._iterator, self.batches = iterator, state["batches"]
 
     @classmethod
     def from_state(cls, state: dict) -> "BatchIterator":
