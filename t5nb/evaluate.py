@@ -7,6 +7,9 @@
   pandas DataFrame and `results.csv` (T5's `parse_tb`).
 - `load_model` / `evaluate_checkpoints` / `infer_file`: T5X's `eval.py` and `infer.py`, for a
   training run's directory (orbax checkpoints) or a Hugging Face directory (`save_hf`).
+
+A directory that is neither, a step it does not have, a task whose vocabulary does not fit the
+model or a bad input file is refused before any model is loaded, naming what was found.
 """
 import json
 import pathlib
@@ -18,11 +21,15 @@ import seqio
 import tensorflow as tf
 from clu import metric_writers
 
+from t5nb.checkpoints import HF_DIR, load_hf, read_hf_config, warn_if_not_finite
 from t5nb.config import T5Config
 from t5nb.decode import Predictor
-from t5nb.tasks import get_task
+from t5nb.tasks import check_vocabulary, get_task
+from t5nb.tasks.custom import TaskDataError, read_rows, require_text
 
 LOG_KINDS = ("inference_eval", "training_eval")
+RUN_DIR = "a training run's directory holds config.json and checkpoints/<step>/"
+INPUT_FIELDS = ("input", "inputs", "question")
 
 
 def _text(value):
@@ -36,12 +43,26 @@ def _text(value):
     return value
 
 
+def check_split(task, split: str) -> None:
+    """Refuse a split the task does not have, naming those it has."""
+    task = get_task(task)
+    if split not in task.splits:
+        raise ValueError(f"task {task.name!r} has no split {split!r}; its splits: {', '.join(task.splits)}")
+
+
 def task_examples(task, feature_lengths: dict, split: str = "validation", max_examples: int | None = None) -> list:
     """The task's preprocessed examples of `split`, in order (numpy; tokens trimmed to the lengths)."""
-    dataset = get_task(task).get_dataset(feature_lengths, split=split, shuffle=False, num_epochs=1)
+    task = get_task(task)
+    check_split(task, split)
+    if max_examples is not None and not (isinstance(max_examples, int) and max_examples > 0):
+        raise ValueError(f"max_examples must be a positive whole number (or None: all), got {max_examples!r}")
+    dataset = task.get_dataset(feature_lengths, split=split, shuffle=False, num_epochs=1)
     if max_examples is not None:
         dataset = dataset.take(max_examples)
-    return list(dataset.as_numpy_iterator())
+    examples = list(dataset.as_numpy_iterator())
+    if not examples:
+        raise ValueError(f"task {task.name!r}: split {split!r} has no examples")
+    return examples
 
 
 def compute_metrics(task, examples: list, predictions: list[str], scores=None) -> tuple[list, list, dict]:
@@ -64,9 +85,11 @@ def infer_eval(model, task, model_dir, *, step: int, feature_lengths: dict, batc
     """Decode `split` of `task`, score it with the task's metrics, log them at `step`, write the
     predictions JSONL; return the metrics. `options` go to the decoding `method`."""
     task = get_task(task)
-    examples = task_examples(task, feature_lengths, split, max_examples)
+    if not {"inputs", "targets"} <= set(feature_lengths):
+        raise ValueError(f"feature_lengths={feature_lengths!r} needs an 'inputs' and a 'targets' length")
     predictor = Predictor(model, task, input_length=feature_lengths["inputs"], batch_size=batch_size,
                           max_decode_length=feature_lengths["targets"], method=method, mesh=mesh, **options)
+    examples = task_examples(task, feature_lengths, split, max_examples)
     inputs = np.zeros((len(examples), feature_lengths["inputs"]), np.int32)
     for row, example in enumerate(examples):
         inputs[row, : len(example["inputs"])] = example["inputs"]
@@ -98,14 +121,17 @@ def _event_scalars(path):
 
 
 def results_table(model_dir, kinds=LOG_KINDS, csv: bool = True) -> pd.DataFrame:
-    """Metrics by step (rows) and `<kind>/<task>/<metric>` (columns) from the TensorBoard logs
-    under `<model_dir>/<kind>/<task>`; also written to `<model_dir>/results.csv`."""
+    """Metrics by step (rows) and `<kind>/<task>/<metric>` (columns; `train/<metric>` for the
+    training curves, `kinds=("train",)`) from the TensorBoard logs under `<model_dir>/<kind>`;
+    also written to `<model_dir>/results.csv`. A step logged twice (a run resumed from a
+    checkpoint before it) takes its newest value."""
     model_dir = pathlib.Path(model_dir)
     values = {}
     for kind in kinds:
-        for events in sorted((model_dir / kind).glob("*/events.out.tfevents.*")):
+        for events in sorted((model_dir / kind).glob("**/events.out.tfevents.*")):  # oldest first
+            prefix = events.parent.relative_to(model_dir).as_posix()
             for step, tag, value in _event_scalars(events):
-                values.setdefault(step, {})[f"{kind}/{events.parent.name}/{tag}"] = value
+                values.setdefault(step, {})[f"{prefix}/{tag}"] = value
     table = pd.DataFrame.from_dict(values, orient="index").sort_index().sort_index(axis=1)
     table.index.name = "step"
     if csv:
@@ -116,8 +142,14 @@ def results_table(model_dir, kinds=LOG_KINDS, csv: bool = True) -> pd.DataFrame:
 # -- saved models ------------------------------------------------------------------------------
 def run_config(model_dir) -> tuple[T5Config, dict]:
     """The model config and train config dict a training run wrote to `<model_dir>/config.json`."""
-    saved = json.loads((pathlib.Path(model_dir) / "config.json").read_text())
-    return T5Config.from_json(saved["model"]), saved["train"]
+    path = pathlib.Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file; {RUN_DIR}")
+    try:
+        saved = json.loads(path.read_text())
+        return T5Config.from_json(saved["model"]), saved["train"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not a training run's config ({type(error).__name__}: {error})") from None
 
 
 def checkpoint_steps(model_dir) -> list[int]:
@@ -129,52 +161,110 @@ def checkpoint_steps(model_dir) -> list[int]:
     return RunCheckpoints(pathlib.Path(model_dir) / "checkpoints").all_steps()
 
 
+def model_dir_kind(model_dir) -> str:
+    """"run" (a training run with checkpoints) or "hf" (a Hugging Face directory); anything
+    else is refused, naming what the directory holds."""
+    model_dir = pathlib.Path(model_dir)
+    if not model_dir.is_dir():
+        problem = "not a directory" if model_dir.exists() else "no such directory"
+        raise FileNotFoundError(f"{model_dir}: {problem}; {RUN_DIR}, {HF_DIR}")
+    if checkpoint_steps(model_dir):
+        return "run"
+    names = sorted(path.name for path in model_dir.iterdir())
+    if "config.json" in names and {"model.safetensors", "model.safetensors.index.json"} & set(names):
+        return "hf"
+    if {"checkpoints", "train"} & set(names):  # what `t5nb.train.train` writes
+        raise FileNotFoundError(f"{model_dir}: a training run without checkpoints (checkpoints/<step>/); "
+                                "train with checkpoint_every > 0")
+    raise FileNotFoundError(f"{model_dir}: not a model directory ({RUN_DIR}, {HF_DIR}); "
+                            f"found {', '.join(names) or 'nothing'}")
+
+
+def model_config(model_dir) -> T5Config:
+    """The model config of a run or Hugging Face directory, without loading any weights."""
+    return read_hf_config(model_dir) if model_dir_kind(model_dir) == "hf" else run_config(model_dir)[0]
+
+
+def _require_steps(model_dir, steps) -> list[int]:
+    """The run's checkpoint steps; refuses `steps` it does not have, listing those it has."""
+    available = checkpoint_steps(model_dir)
+    missing = sorted(set(steps) - set(available))
+    if missing:
+        raise ValueError(f"{model_dir}: no checkpoint of step {', '.join(map(str, missing))}; "
+                         f"its steps: {', '.join(map(str, available))}")
+    return available
+
+
 def load_model(model_dir, step: int | None = None, mesh=None):
     """The model of a training run's checkpoint `step` (default: latest), on `mesh`, or of a
-    Hugging Face directory. Returns (model, step); a Hugging Face model is step 0."""
-    model_dir = pathlib.Path(model_dir)
-    if not checkpoint_steps(model_dir):
-        from t5nb.checkpoints import load_hf
-
-        return load_hf(model_dir), 0 if step is None else step
+    Hugging Face directory. Returns (model, step); a Hugging Face model is step 0 (or `step`).
+    A warning names any parameter that is not finite."""
     from t5nb.run_checkpoints import RunCheckpoints
     from t5nb.train import TrainConfig, Trainer
 
-    model_config, train_config = run_config(model_dir)
-    trainer = Trainer(model_config, TrainConfig(**train_config), mesh)
+    model_dir = pathlib.Path(model_dir)
+    if model_dir_kind(model_dir) == "hf":
+        return load_hf(model_dir), 0 if step is None else step
+    available = _require_steps(model_dir, [] if step is None else [step])
+    step = available[-1] if step is None else step
+    config, train_config = run_config(model_dir)
+    trainer = Trainer(config, TrainConfig(**train_config), mesh)
     state = RunCheckpoints(model_dir / "checkpoints").restore(trainer.abstract_state(), step)
-    return trainer.model(state.params), int(jax.device_get(state.step))
+    model = trainer.model(state.params)
+    warn_if_not_finite(model, model_dir / "checkpoints" / str(step))
+    return model, int(jax.device_get(state.step))
 
 
-def evaluate_checkpoints(model_dir, tasks, *, steps=None, output_dir=None, **infer_eval_args) -> pd.DataFrame:
+def evaluate_checkpoints(model_dir, tasks, *, steps=None, output_dir=None, split: str = "validation",
+                         **infer_eval_args) -> pd.DataFrame:
     """T5X's eval.py: `infer_eval` every task at each checkpoint `steps` (default: all; a
     Hugging Face directory: once), without training; the results table of `output_dir`."""
     output_dir = output_dir or model_dir
-    tasks = [tasks] if isinstance(tasks, (str, seqio.Task)) else tasks
+    tasks = [tasks] if isinstance(tasks, (str, seqio.DatasetProviderBase)) else tasks
+    vocab_size = model_config(model_dir).vocab_size
+    for task in tasks:
+        check_vocabulary(vocab_size, task)
+        check_split(task, split)
+    if model_dir_kind(model_dir) == "run":
+        _require_steps(model_dir, steps or [])
     for step in steps or checkpoint_steps(model_dir) or [None]:
         model, step = load_model(model_dir, step, infer_eval_args.get("mesh"))
         for task in tasks:
-            infer_eval(model, task, output_dir, step=step, **infer_eval_args)
+            infer_eval(model, task, output_dir, step=step, split=split, **infer_eval_args)
     return results_table(output_dir)
 
 
 def read_inputs(path) -> list[str]:
-    """Inputs from a text file (one per line) or JSONL (field `input`, `inputs` or `question`)."""
-    lines = [line for line in pathlib.Path(path).read_text().splitlines() if line.strip()]
-    if str(path).endswith(".jsonl"):
-        rows = [json.loads(line) for line in lines]
-        field = next((f for f in ("input", "inputs", "question") if f in rows[0]), None)
-        if field is None:
-            raise ValueError(f"{path}: JSONL rows need an 'input', 'inputs' or 'question' field, got {sorted(rows[0])}")
-        return [row[field] for row in rows]
-    return lines
+    """Inputs from a text file (one per non-blank line) or JSONL (field `input`, `inputs` or
+    `question`, whichever the first row has); a bad line is a `TaskDataError` naming it."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: {'not a file' if path.exists() else 'no such input file'}")
+    file_format = "jsonl" if path.suffix.lower() == ".jsonl" else "text"
+    rows = list(read_rows(path, file_format))
+    if not rows:
+        raise ValueError(f"{path}: no inputs (the file is empty or blank)")
+    if file_format == "text":
+        return [text for _, text in rows]
+    first_line, first = rows[0]
+    field = next((f for f in INPUT_FIELDS if f in first), None)
+    if field is None:
+        raise TaskDataError(path, first_line, f"no input field {', '.join(map(repr, INPUT_FIELDS))} "
+                                              f"(the row has {sorted(first)})")
+    for number, row in rows:
+        if field not in row:
+            raise TaskDataError(path, number, f"missing field (the row has {sorted(row)})", field)
+        require_text(path, number, field, row[field])
+    return [row[field] for _, row in rows]
 
 
-def infer_file(model, task, input_path, output_path, **predictor_args) -> list[dict]:
-    """T5X's infer.py: predictions for every input of a file, written as JSONL
-    (input, prediction, score); `predictor_args` go to `Predictor`."""
+def infer_file(model, task, inputs, output_path, **predictor_args) -> list[dict]:
+    """T5X's infer.py: predictions for every input, written as JSONL (input, prediction,
+    score). `inputs`: a file (see `read_inputs`) or the texts; `predictor_args` go to `Predictor`."""
     predictor = Predictor(model, task, **predictor_args)
-    texts = read_inputs(input_path)
+    texts = inputs if isinstance(inputs, list) else read_inputs(inputs)
+    if pathlib.Path(output_path).is_dir():
+        raise IsADirectoryError(f"{output_path}: a directory; the output is a file (JSONL)")
     sequences, scores = predictor.generate(predictor.inputs(texts))
     rows = [{"input": text, "prediction": _text(prediction), "score": float(seq_score)}
             for text, prediction, seq_score in zip(texts, predictor.postprocess(sequences), scores)]
@@ -194,8 +284,10 @@ def run_command(args) -> int:
             batch_size=args.batch_size, **decoding)
         print(table.to_string())
         return 0
+    check_vocabulary(model_config(args.model_dir).vocab_size, args.task)
+    texts = read_inputs(args.input)  # a bad model directory, task or input file fails before loading
     model, step = load_model(args.model_dir, args.step)
-    rows = infer_file(model, args.task, args.input, args.output, input_length=args.inputs_length,
+    rows = infer_file(model, args.task, texts, args.output, input_length=args.inputs_length,
                       max_decode_length=args.targets_length, batch_size=args.batch_size, **decoding)
     print(f"{len(rows)} predictions of step {step} written to {args.output}")
     return 0

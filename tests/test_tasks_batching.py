@@ -2,6 +2,7 @@
 import json
 
 import numpy as np
+import pytest
 
 import t5nb.tasks as tasks
 
@@ -22,14 +23,44 @@ def test_same_seed_same_batches_other_seed_other_batches():
     assert not _same(first, _take(tasks.BatchIterator("facts_qa", LENGTHS, 8, seed=2), 2))
 
 
-def test_saved_position_resumes_with_exactly_the_next_batches():
-    iterator = tasks.BatchIterator("facts_span_corruption", LENGTHS, 4, seed=3)
+@pytest.mark.parametrize("task, pack, seed", [("facts_span_corruption", True, 3), ("facts_pretraining", True, 0),
+                                              ("facts_qa", False, 1), ("facts_qa", True, 2)])
+def test_every_form_of_a_saved_position_resumes_with_exactly_the_next_batches(tmp_path, task, pack, seed):
+    """A task and a mixture, packed and not, other seeds: `set_state` on the same iterator (seqio
+    reshuffles a dataset iterated twice), `from_state`, and the saved input pipeline."""
+    iterator = tasks.BatchIterator(task, LENGTHS, 4, pack=pack, seed=seed)
     _take(iterator, 3)
     state = json.loads(json.dumps(iterator.state()))  # small and JSON-able
-    assert state["batches"] == 3 and state["pack"] is True
+    assert state["batches"] == 3 and state["pack"] is pack
+    iterator.save_pipeline(tmp_path)
     expected = _take(iterator, 2)
+    iterator.set_state(state)
+    assert _same(_take(iterator, 2), expected) and iterator.state()["batches"] == 5
     resumed = tasks.BatchIterator.from_state(state)
     assert _same(_take(resumed, 2), expected) and resumed.state()["batches"] == 5
+    restored = tasks.BatchIterator(task, LENGTHS, 4, pack=pack, seed=seed)
+    restored.restore_pipeline(tmp_path, state)
+    assert _same(_take(restored, 2), expected) and restored.state()["batches"] == 5
+
+
+def test_a_damaged_pipeline_checkpoint_falls_back_to_replaying(tmp_path):
+    iterator = tasks.BatchIterator("facts_span_corruption", LENGTHS, 4, seed=3)
+    _take(iterator, 2)
+    state = iterator.state()
+    iterator.save_pipeline(tmp_path)
+    expected = _take(iterator, 1)
+    for path in tmp_path.iterdir():
+        path.write_bytes(path.read_bytes()[:100])
+    restored = tasks.BatchIterator("facts_span_corruption", LENGTHS, 4, seed=3)
+    with pytest.warns(UserWarning, match="could not restore the input pipeline .* replaying 2 batches"):
+        restored.restore_pipeline(tmp_path, state)
+    assert _same(_take(restored, 1), expected)
+
+
+def test_a_position_from_other_settings_is_refused():
+    state = tasks.BatchIterator("facts_qa", LENGTHS, 4, seed=1).state()
+    with pytest.raises(ValueError, match=r"seed 1 in the checkpoint, 2 here"):
+        tasks.BatchIterator("facts_qa", LENGTHS, 4, seed=2).set_state(state)
 
 
 def test_packed_batches_carry_segment_ids_and_positions():

@@ -158,6 +158,47 @@ def test_nan_loss_stops_and_names_the_last_good_checkpoint(tmp_path):
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2"]
 
 
+def test_a_non_finite_update_is_never_saved_and_the_error_names_a_finite_checkpoint(tmp_path):
+    """A finite loss and gradient, then an update that overflows float32 (learning rate 1e39):
+    the loss guard cannot see it; the check at checkpoint time does."""
+    config = get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0)
+    good = Trainer(config, TrainConfig(learning_rate=1e-2, optimizer="adamw"))
+    train(good, Batches(copy_batch()), 2, tmp_path, checkpoint_every=2, progress=False)
+    overflowing = Trainer(config, TrainConfig(learning_rate=1e39, optimizer="adamw"))
+    with pytest.warns(UserWarning, match="changed training settings learning_rate=1e[+]39 [(]was 0.01[)]"), \
+            pytest.raises(FloatingPointError, match=r"at step 3 are not finite; not saved.*last good checkpoint: step 2"):
+        train(overflowing, Batches(copy_batch()), 4, tmp_path, checkpoint_every=1, log_every=1, progress=False)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["2"]
+    restored = train(good, Batches(copy_batch()), 2, tmp_path, checkpoint_every=1, progress=False).state
+    assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(restored.params))
+
+
+def test_resume_falls_back_to_the_previous_checkpoint_when_the_newest_is_damaged(tmp_path):
+    trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0), TrainConfig(learning_rate=1e-2))
+    train(trainer, Batches(copy_batch()), 4, tmp_path, checkpoint_every=2, progress=False)
+    straight = train(trainer, Batches(copy_batch()), 4, tmp_path / "other", checkpoint_every=2, progress=False)
+    for path in (tmp_path / "checkpoints" / "4" / "state").rglob("*"):
+        if path.is_file() and path.stat().st_size > 1000:
+            path.write_bytes(path.read_bytes()[:100])  # truncated
+    with pytest.warns(UserWarning, match=r"checkpoint step 4 in .* cannot be read .*; resuming from step 2"):
+        resumed = train(trainer, Batches(copy_batch()), 4, tmp_path, checkpoint_every=2, progress=False)
+    assert [h["step"] for h in resumed.history] == [4]  # steps 3 and 4 were trained again
+    for a, b in zip(jax.tree.leaves(resumed.state.params), jax.tree.leaves(straight.state.params)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_resuming_with_another_model_is_refused_and_config_json_is_kept(tmp_path):
+    config = get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0)
+    train(Trainer(config, TrainConfig(learning_rate=1e-2)), Batches(copy_batch()), 2, tmp_path,
+          checkpoint_every=2, progress=False)
+    saved = (tmp_path / "config.json").read_text()
+    other = get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0, mlp_activations=("relu",))
+    with pytest.raises(ValueError, match=r"checkpoints of another model.*mlp_activations=\['relu'\] \(saved: \['gelu', 'linear'\]\)"):
+        train(Trainer(other, TrainConfig(learning_rate=1e-2)), Batches(copy_batch()), 4, tmp_path,
+              checkpoint_every=2, progress=False)
+    assert (tmp_path / "config.json").read_text() == saved
+
+
 def test_batch_not_divisible_by_data_parallel_degree_is_clear():
     trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64), TrainConfig(grad_accum_steps=3))
     with pytest.raises(ValueError, match=r"global batch 8 .* not divisible .* grad_accum_steps 3"):
@@ -196,3 +237,84 @@ def test_init_state_copies_params_so_donation_leaves_the_callers_arrays_alive():
     params = trainer.init_params()
     state, _ = trainer.train_step(trainer.init_state(params), trainer.shard_batch(copy_batch()))
     assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(params))  # not deleted by donation
+
+
+PRETRAIN_WORKER = pathlib.Path(__file__).with_name("pretrain_worker.py")
+
+
+def start_pretraining(tmp_path, runs, out, steps, delay=0.0):
+    env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path.parent / "jax_cache"), **os.environ, "T5NB_PROFILE": "ci",
+           "T5NB_RUNS_DIR": str(runs), "T5NB_TEST_BATCH_DELAY": str(delay)}
+    return subprocess.Popen([sys.executable, str(PRETRAIN_WORKER), str(steps), str(out)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def logged_batches(out):
+    lines = pathlib.Path(out).read_text().splitlines() if pathlib.Path(out).exists() else []
+    return [(int(position), digest) for position, digest in (line.split() for line in lines)]
+
+
+def wait_until(process, condition, what):
+    deadline = time.time() + 300
+    while not condition():
+        if process.poll() is not None or time.time() > deadline:
+            process.kill()
+            pytest.fail(f"never saw {what}: {process.communicate()[0][-3000:]}")
+        time.sleep(0.002)
+
+
+def test_pretraining_killed_and_resumed_is_bit_identical_to_a_straight_run(tmp_path):
+    """The course's real pretraining (ci profile, seqio tasks, checkpoints every 5 steps),
+    interrupted by SIGKILL during a save, SIGKILL between saves and SIGTERM, then resumed each
+    time: the same batches at every position, the same parameters bit for bit, and a training
+    curve without a gap."""
+    from t5nb.evaluate import results_table
+
+    steps = 40
+    straight = start_pretraining(tmp_path, tmp_path / "straight", tmp_path / "straight.log", steps)
+    assert straight.wait(timeout=600) == 0, straight.communicate()[0][-3000:]
+    expected = dict(logged_batches(tmp_path / "straight.log"))
+    assert sorted(expected) == list(range(1, steps + 1))
+
+    runs, log = tmp_path / "interrupted", tmp_path / "interrupted.log"
+    checkpoints = runs / "ci" / "pretraining" / "checkpoints"
+
+    def saving():
+        return checkpoints.is_dir() and any("tmp" in path.name for path in checkpoints.iterdir())
+
+    def reached(position):
+        return lambda: any(p >= position for p, _ in logged_batches(log))
+
+    process = start_pretraining(tmp_path, runs, log, steps, delay=0.1)
+    wait_until(process, saving, "a checkpoint being written")
+    process.send_signal(signal.SIGKILL)  # 1: during a save
+    process.wait()
+    for signal_number, position in ((signal.SIGKILL, 13), (signal.SIGTERM, 22)):  # 2: between saves, 3: SIGTERM
+        process = start_pretraining(tmp_path, runs, log, steps, delay=0.1)
+        wait_until(process, reached(position), f"batch {position}")
+        process.send_signal(signal_number)
+        output = process.communicate(timeout=300)[0]
+    assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
+    stopped_at = logged_batches(log)[-1][0]
+    assert f"stopped by SIGTERM at step {stopped_at}; checkpoint step {stopped_at} saved" in output
+    assert (checkpoints / str(stopped_at)).is_dir()
+    process = start_pretraining(tmp_path, runs, log, steps)
+    assert process.wait(timeout=600) == 0, process.communicate()[0][-3000:]
+
+    seen = logged_batches(log)
+    assert {position for position, _ in seen} == set(expected)  # no position skipped
+    assert [digest for _, digest in seen] == [expected[position] for position, _ in seen]
+    assert len(seen) > steps  # some batches were seen twice: the kills really interrupted work
+    straight_params, resumed_params = load(tmp_path / "straight.log.npz"), load(log.with_suffix(".log.npz"))
+    assert straight_params.keys() == resumed_params.keys()
+    for name in straight_params:
+        assert np.array_equal(straight_params[name], resumed_params[name]), name
+
+    curves = [results_table(run / "ci" / "pretraining", kinds=("train",), csv=False)
+              for run in (tmp_path / "straight", runs)]
+    assert set(curves[0].index) <= set(curves[1].index)  # no gap; steps logged twice keep the newest
+    np.testing.assert_array_equal(curves[1].loc[curves[0].index, "train/learning_rate"],
+                                  curves[0]["train/learning_rate"])
+    windows_after_sigterm = [s for s in curves[0].index if s > stopped_at][:1]  # averaged over a split window
+    same_window = [s for s in curves[0].index if s not in windows_after_sigterm]
+    np.testing.assert_array_equal(curves[1].loc[same_window, "train/loss"], curves[0].loc[same_window, "train/loss"])
