@@ -14,7 +14,8 @@ from clu import metric_writers
 import t5nb.tasks as tasks
 from t5nb import cli, decode, evaluate
 from t5nb.config import get_config
-from t5nb.train import RunCheckpoints, TrainConfig, Trainer, train
+from t5nb.run_checkpoints import RunCheckpoints
+from t5nb.train import TrainConfig, Trainer, record_config
 
 DATA_DIR = os.environ.get("T5NB_DATA_DIR")
 LENGTHS = {"inputs": 32, "targets": 8}
@@ -67,7 +68,7 @@ def run_dir(tmp_path_factory):
     config = get_config("t5.1.1-tiny", vocab_size=tasks.get_vocabulary("facts").vocab_size)
     trainer = Trainer(config, TrainConfig(learning_rate=1e-2))
     state = trainer.init_state()
-    train(trainer, iter([]), 0, model_dir, state=state, progress=False)  # writes config.json
+    record_config(model_dir, trainer, resuming=False)
     checkpoints = RunCheckpoints(model_dir / "checkpoints")
     for step in (1, 2):
         params = jax.tree.map(lambda x: x * (1 + step / 4), state.params)
