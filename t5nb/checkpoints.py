@@ -7,6 +7,7 @@ t5nb's parameter layout. `HF_NAME_TABLE` is the one table between T5X and Huggin
 import json
 import os
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +44,8 @@ HF_NAME_TABLE = (
 _HF_PROJECTIONS = {".query.": ".q.", ".key.": ".k.", ".value.": ".v.", ".out.": ".o."}
 _HF_ALIASES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")  # copies of shared.weight
 _HF_ACTIVATIONS = {"relu": ("relu",), "gated-gelu": ("gelu", "linear"), "gated-relu": ("relu", "linear")}
+_HF_REQUIRED = ("vocab_size", "d_model", "num_heads", "num_layers", "d_kv", "d_ff")
+HF_DIR = "a Hugging Face T5 directory holds config.json and model.safetensors"
 
 
 class CheckpointError(ValueError):
@@ -126,6 +129,16 @@ def model_from_params(config: T5Config, params: dict) -> Transformer:
     return model
 
 
+def warn_if_not_finite(model: Transformer, source) -> None:
+    """Warn, naming them, about parameters of `model` (loaded from `source`) holding NaN or infinity."""
+    bad = ["/".join(map(str, key)) for key, var in nnx.to_flat_state(nnx.state(model, nnx.Param))
+           if not bool(jnp.all(jnp.isfinite(var.get_value())))]
+    if bad:
+        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+        warnings.warn(f"{source}: NaN or infinite values in {len(bad)} parameter(s): {', '.join(bad[:3])}{more}",
+                      RuntimeWarning, stacklevel=3)
+
+
 def model_params(model: Transformer) -> dict[str, np.ndarray]:
     """The model's parameters as a flat `path -> numpy float32` dict."""
     return {"/".join(map(str, key)): np.asarray(var.get_value(), np.float32)
@@ -141,6 +154,9 @@ def config_from_hf(hf: dict) -> T5Config:
                               f"feed_forward_proj={proj!r} (t5nb reads T5 with {sorted(_HF_ACTIVATIONS)})")
     if hf.get("layer_norm_epsilon", 1e-6) != 1e-6:
         raise CheckpointError(f"layer_norm_epsilon={hf['layer_norm_epsilon']}: t5nb uses T5's 1e-6")
+    missing = [key for key in _HF_REQUIRED if key not in hf]
+    if missing:
+        raise CheckpointError(f"the Hugging Face config lacks {', '.join(missing)}")
     # transformers v5 writes `tie_word_embeddings: true` always and keeps the T5.1.1 flag as
     # `scale_decoder_outputs: false`; older configs say `tie_word_embeddings: false`.
     tied = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
@@ -173,22 +189,66 @@ def config_to_hf(config: T5Config) -> dict:
     }
 
 
+def _read_json(path: str):
+    """A JSON file, or a `CheckpointError` naming it."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise CheckpointError(f"{path}: not valid JSON ({error})") from None
+
+
+def _load_safetensors(path: str) -> dict[str, np.ndarray]:
+    """One safetensors file, or an error naming it."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{path}: no such file")
+    try:
+        return safetensors.numpy.load_file(path)
+    except safetensors.SafetensorError as error:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
+
+
 def _read_safetensors(directory: str) -> dict[str, np.ndarray]:
     """`model.safetensors`, or the shards listed in `model.safetensors.index.json`."""
     index = os.path.join(directory, "model.safetensors.index.json")
     if not os.path.exists(index):
-        return safetensors.numpy.load_file(os.path.join(directory, "model.safetensors"))
-    with open(index) as f:
-        shards = sorted(set(json.load(f)["weight_map"].values()))
-    return {name: array for shard in shards
-            for name, array in safetensors.numpy.load_file(os.path.join(directory, shard)).items()}
+        return _load_safetensors(os.path.join(directory, "model.safetensors"))
+    weight_map = _read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: no 'weight_map' of tensor names to shard files")
+    return {name: array for shard in sorted(set(weight_map.values()))
+            for name, array in _load_safetensors(os.path.join(directory, shard)).items()}
+
+
+def _check_hf_dir(directory: str) -> None:
+    """Refuse a directory without config.json and model.safetensors (or its shard index),
+    naming what it holds."""
+    if not os.path.isdir(directory):
+        problem = "not a directory" if os.path.exists(directory) else "no such directory"
+        raise FileNotFoundError(f"{directory}: {problem}; {HF_DIR}")
+    names = sorted(os.listdir(directory))
+    weights = {"model.safetensors", "model.safetensors.index.json"} & set(names)
+    if "config.json" not in names or not weights:
+        raise FileNotFoundError(f"{directory}: {HF_DIR} (or model.safetensors.index.json and its shards); "
+                                f"found {', '.join(names) or 'nothing'}")
+
+
+def read_hf_config(directory) -> T5Config:
+    """The t5nb config of a HF directory, whose files are checked to be there."""
+    directory = os.fspath(directory)
+    _check_hf_dir(directory)
+    config_path = os.path.join(directory, "config.json")
+    hf = _read_json(config_path)
+    try:
+        return config_from_hf(hf)
+    except ValueError as error:  # CheckpointError, or a T5Config field out of range
+        raise CheckpointError(f"{config_path}: {error}") from None
 
 
 def read_hf_checkpoint(directory) -> tuple[T5Config, dict[str, np.ndarray]]:
     """(config, flat t5nb params) from a HF directory: config.json + model.safetensors (or shards)."""
     directory = os.fspath(directory)
-    with open(os.path.join(directory, "config.json")) as f:
-        config = config_from_hf(json.load(f))
+    config = read_hf_config(directory)
     tensors = _read_safetensors(directory)
     for alias in _HF_ALIASES:
         tensors.pop(alias, None)
@@ -216,8 +276,11 @@ def read_hf_checkpoint(directory) -> tuple[T5Config, dict[str, np.ndarray]]:
 
 
 def load_hf(directory) -> Transformer:
-    """A t5nb model from a Hugging Face T5 directory (config.json + model.safetensors)."""
-    return model_from_params(*read_hf_checkpoint(directory))
+    """A t5nb model from a Hugging Face T5 directory (config.json + model.safetensors); a
+    warning names any parameter that is not finite."""
+    model = model_from_params(*read_hf_checkpoint(directory))
+    warn_if_not_finite(model, directory)
+    return model
 
 
 def save_hf(model: Transformer, directory) -> None:
@@ -276,7 +339,10 @@ def read_t5x_checkpoint(path) -> dict[str, np.ndarray]:
     data = data if data is not None else _read_file(path)
     if data is None:
         raise CheckpointError(f"{path}: no T5X checkpoint there (neither a file nor a dir with 'checkpoint')")
-    contents = serialization.msgpack_restore(data)
+    try:
+        contents = serialization.msgpack_restore(data)
+    except ValueError as error:  # msgpack's errors for bytes that are not one msgpack value
+        raise CheckpointError(f"{path}: not a T5X checkpoint, unreadable as msgpack ({error})") from None
     target = contents.get("optimizer", {}).get("target") if isinstance(contents, dict) else None
     if target is None:
         keys = sorted(contents) if isinstance(contents, dict) else type(contents).__name__
@@ -287,5 +353,11 @@ def read_t5x_checkpoint(path) -> dict[str, np.ndarray]:
 
 
 def load_t5x(path, config: T5Config) -> Transformer:
-    """A t5nb model of `config` from a T5X checkpoint (T5X checkpoints carry no config)."""
-    return model_from_params(config, read_t5x_checkpoint(path))
+    """A t5nb model of `config` from a T5X checkpoint (T5X checkpoints carry no config); a
+    warning names any parameter that is not finite."""
+    if not isinstance(config, T5Config):
+        raise TypeError(f"config must be a T5Config (e.g. t5nb.config.get_config('t5.1.1-small')), "
+                        f"got {type(config).__name__} {config!r:.60}")
+    model = model_from_params(config, read_t5x_checkpoint(path))
+    warn_if_not_finite(model, path)
+    return model

@@ -1,7 +1,12 @@
 """Model configuration: one dataclass and the published T5 / T5.1.1 presets."""
 import dataclasses
+import numbers
 
 import jax.numpy as jnp
+
+# fields that count something: positive whole numbers
+_SIZES = ("vocab_size", "emb_dim", "num_heads", "num_encoder_layers", "num_decoder_layers", "head_dim", "mlp_dim",
+          "relative_attention_num_buckets", "relative_attention_max_distance")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,7 +28,24 @@ class T5Config:
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
 
+    def __post_init__(self):
+        for field in _SIZES:
+            value = getattr(self, field)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"T5Config.{field} must be a positive whole number, got {value!r}")
+        if not 0 <= self.dropout_rate < 1:
+            raise ValueError(f"T5Config.dropout_rate must be in [0, 1), got {self.dropout_rate!r}")
+
+    @classmethod
+    def check_fields(cls, names) -> None:
+        """Refuse names that are not fields of T5Config, listing the fields."""
+        unknown = sorted(set(names) - {field.name for field in dataclasses.fields(cls)})
+        if unknown:
+            raise ValueError(f"T5Config has no field {', '.join(unknown)}; its fields: "
+                             + ", ".join(field.name for field in dataclasses.fields(cls)))
+
     def replace(self, **changes) -> "T5Config":
+        self.check_fields(changes)
         return dataclasses.replace(self, **changes)
 
     def to_json(self) -> dict:
@@ -32,6 +54,7 @@ class T5Config:
 
     @classmethod
     def from_json(cls, fields: dict) -> "T5Config":
+        cls.check_fields(fields)
         return cls(**{**fields, "dtype": jnp.dtype(fields["dtype"]), "mlp_activations": tuple(fields["mlp_activations"])})
 
 

@@ -12,6 +12,7 @@ are sums of the model's log-probabilities of the tokens up to and including EOS.
 (with parameters sharded on it, e.g. `Trainer.model(params)`) to split the batch over 'data'.
 """
 import functools
+import warnings
 from typing import NamedTuple
 
 import jax
@@ -24,6 +25,43 @@ from t5nb import mesh as mesh_lib
 EOS_ID = 1
 PAD_ID = 0  # also the decoder's start token
 NEG_INF = -1.0e7
+DECODING_OPTIONS = {"greedy": (), "beam": ("num_decodes", "alpha"),
+                    "sample": ("temperature", "top_k", "top_p", "seed")}
+
+
+def _whole(least: int):
+    return lambda value: isinstance(value, (int, np.integer)) and not isinstance(value, bool) and value >= least
+
+
+# setting -> (valid, what it must be)
+_SETTINGS = {
+    "input_length": (_whole(1), "a positive whole number of tokens"),
+    "max_decode_length": (_whole(1), "a positive whole number of tokens"),
+    "batch_size": (_whole(1), "a positive whole number"),
+    "num_decodes": (_whole(1), "a positive whole number of beams"),
+    "top_k": (_whole(0), "a whole number (0: no top-k filter)"),
+    "temperature": (lambda value: value >= 0, "at least 0 (0: greedy)"),
+    "top_p": (lambda value: 0 < value <= 1, "in (0, 1]"),
+}
+
+
+def _check_settings(**settings) -> None:
+    """Refuse the first setting out of its range, naming it and its value."""
+    for name, value in settings.items():
+        valid, expected = _SETTINGS[name]
+        if not valid(value):
+            raise ValueError(f"{name} must be {expected}, got {value!r}")
+
+
+def check_decoding(method: str, max_decode_length: int, **options) -> None:
+    """Refuse an unknown decoding `method`, an option it does not take, or a value out of range."""
+    if method not in DECODING_OPTIONS:
+        raise ValueError(f"unknown decoding method {method!r}: use 'greedy', 'beam' or 'sample'")
+    unknown = sorted(set(options) - set(DECODING_OPTIONS[method]))
+    if unknown:
+        raise ValueError(f"decoding method {method!r} takes no option {', '.join(unknown)}; "
+                         f"its options: {', '.join(DECODING_OPTIONS[method]) or 'none'}")
+    _check_settings(max_decode_length=max_decode_length, **{k: v for k, v in options.items() if k in _SETTINGS})
 
 
 class Decoded(NamedTuple):
@@ -87,6 +125,11 @@ def _sharded(fn):
         graphdef, state = nnx.split(model)
         graphdef = _ByConfig(graphdef, (type(model), model.config))
         if mesh is not None:
+            data = mesh.shape["data"]
+            rows = next(len(a) for a in arrays if np.ndim(a))
+            if rows % data:
+                raise ValueError(f"a batch of {rows} rows does not split over the mesh's {data} data-parallel "
+                                 f"devices; use a multiple of {data}")
             sharding = mesh_lib.batch_sharding(mesh)
             arrays = tuple(jax.device_put(a, sharding) if np.ndim(a) else a for a in arrays)
         return run(graphdef, state, arrays, mesh, tuple(sorted(options.items())))
@@ -224,6 +267,7 @@ def sample_decode(model, encoder_input_tokens, max_decode_length: int, *, temper
 
     Scores are the model's own (untempered) log-probabilities of the sampled tokens; the same
     `seed` gives the same samples."""
+    _check_settings(max_decode_length=max_decode_length, temperature=temperature, top_k=top_k, top_p=top_p)
     rng = jax.random.key(seed) if isinstance(seed, int) else seed
     return _sample_jit(model, encoder_input_tokens, rng, jnp.float32(temperature), jnp.float32(top_p), mesh=mesh,
                        max_decode_length=max_decode_length, greedy=temperature == 0, top_k=int(top_k))
@@ -233,6 +277,7 @@ def beam_search(model, encoder_input_tokens, max_decode_length: int, *, num_deco
                 alpha: float = 0.6, mesh=None) -> Decoded:
     """Beam search: sequences [b, num_decodes, L] ranked by log-prob / brevity_penalty(alpha,
     length), best first, and their log-likelihoods [b, num_decodes]."""
+    _check_settings(max_decode_length=max_decode_length, num_decodes=num_decodes)
     return _beam_jit(model, encoder_input_tokens, jnp.float32(alpha), mesh=mesh,
                      max_decode_length=max_decode_length, num_decodes=int(num_decodes))
 
@@ -241,14 +286,13 @@ def decode(model, encoder_input_tokens, max_decode_length: int, *, method: str =
            **options) -> Decoded:
     """The best sequence per input [b, L] and its score [b], by `method`: "greedy", "beam"
     (options `num_decodes`, `alpha`) or "sample" (`temperature`, `top_k`, `top_p`, `seed`)."""
+    check_decoding(method, max_decode_length, **options)
     if method == "greedy":
         return greedy_decode(model, encoder_input_tokens, max_decode_length, mesh=mesh, **options)
     if method == "sample":
         return sample_decode(model, encoder_input_tokens, max_decode_length, mesh=mesh, **options)
-    if method == "beam":
-        sequences, scores = beam_search(model, encoder_input_tokens, max_decode_length, mesh=mesh, **options)
-        return Decoded(sequences[:, 0], scores[:, 0])
-    raise ValueError(f"unknown decoding method {method!r}: use 'greedy', 'beam' or 'sample'")
+    sequences, scores = beam_search(model, encoder_input_tokens, max_decode_length, mesh=mesh, **options)
+    return Decoded(sequences[:, 0], scores[:, 0])
 
 
 def score(model, encoder_input_tokens, decoder_target_tokens, *, mesh=None) -> jax.Array:
@@ -278,11 +322,18 @@ def task_prefix(task) -> str:
 
 
 def encode_texts(vocabulary, texts, length: int) -> np.ndarray:
-    """Token ids [n, length]: each text's pieces, trimmed to leave room for EOS, then EOS and 0s."""
+    """Token ids [n, length]: each text's pieces, trimmed to leave room for EOS, then EOS and 0s;
+    one warning counts the texts that were cut."""
     tokens = np.zeros((len(texts), length), np.int32)
+    cut = 0
     for row, text in enumerate(texts):
-        ids = list(vocabulary.encode(text))[: length - 1] + [EOS_ID]
+        ids = list(vocabulary.encode(text))
+        cut += len(ids) >= length
+        ids = ids[: length - 1] + [EOS_ID]
         tokens[row, : len(ids)] = ids
+    if cut:
+        warnings.warn(f"{cut} of {len(texts)} inputs are longer than the input length {length} (tokens with "
+                      "EOS) and were cut to it; a longer input length keeps them whole", stacklevel=3)
     return tokens
 
 
@@ -295,9 +346,12 @@ class Predictor:
 
     def __init__(self, model, task, *, input_length: int = 128, max_decode_length: int = 32,
                  batch_size: int = 8, method: str = "greedy", mesh=None, **options):
-        from t5nb.tasks import get_task
+        from t5nb.tasks import check_vocabulary, get_task
 
         self.model, self.task = model, get_task(task)
+        check_vocabulary(model.config.vocab_size, self.task)
+        _check_settings(input_length=input_length, batch_size=batch_size)
+        check_decoding(method, max_decode_length, **options)
         self.vocabulary = self.task.output_features["targets"].vocabulary
         self.prefix = task_prefix(self.task)
         self.input_length, self.max_decode_length, self.batch_size = input_length, max_decode_length, batch_size
@@ -305,6 +359,9 @@ class Predictor:
 
     def inputs(self, texts) -> np.ndarray:
         """Token ids [n, input_length] of `texts`, with the task's prefix where it is missing."""
+        for index, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise TypeError(f"input {index} is a {type(text).__name__}, not a string: {text!r:.80}")
         texts = [t if t.startswith(self.prefix) else self.prefix + t for t in texts]
         return encode_texts(self.task.output_features["inputs"].vocabulary, texts, self.input_length)
 
@@ -318,6 +375,8 @@ class Predictor:
                             **self.options)
             sequences.append(np.asarray(result.sequences)[: len(chunk)])
             scores.append(np.asarray(result.scores)[: len(chunk)])
+        if not sequences:  # no inputs
+            return np.zeros((0, self.max_decode_length), np.int32), np.zeros(0, np.float32)
         return np.concatenate(sequences), np.concatenate(scores)
 
     def detokenize(self, sequences) -> list[str]:

@@ -67,9 +67,17 @@ def constrain(x, axes):
 
 def make_mesh(num_partitions: int = 1, devices=None) -> jax.sharding.Mesh:
     """A ('data', 'model') mesh: `num_partitions` devices per model replica (T5X's partitioner)."""
-    devices = jax.devices() if devices is None else devices
+    devices = jax.devices() if devices is None else list(devices)
+    if not devices:
+        raise ValueError("make_mesh: no devices given")
+    if not isinstance(num_partitions, (int, np.integer)) or isinstance(num_partitions, bool) or num_partitions < 1:
+        raise ValueError(f"num_partitions must be a positive whole number of devices per model replica, "
+                         f"got {num_partitions!r}")
     if len(devices) % num_partitions:
-        raise ValueError(f"num_partitions={num_partitions} does not divide the {len(devices)} devices")
+        choices = [n for n in range(1, len(devices) + 1) if len(devices) % n == 0]
+        raise ValueError(f"num_partitions={num_partitions} does not divide the {len(devices)} devices"
+                         + (" (more than there are)" if num_partitions > len(devices) else "")
+                         + f"; use one of {choices}")
     grid = np.asarray(devices).reshape(len(devices) // num_partitions, num_partitions)
     return jax.sharding.Mesh(grid, ("data", "model"))
 

@@ -21,6 +21,7 @@ from t5nb.config import T5Config
 from t5nb.model import Transformer
 from t5nb.run_checkpoints import RunCheckpoints
 from t5nb.system import time_matmul
+from t5nb.tasks import check_vocabulary
 
 # Dense bf16 peak FLOP/s per chip, for the MFU estimate (CPU: measured at start instead).
 PEAK_FLOPS = {"TPU v5 lite": 197e12, "TPU v4": 275e12, "TPU v3": 123e12, "TPU v2": 45e12,
@@ -292,8 +293,8 @@ class TrainResult:
 
 def record_config(model_dir: pathlib.Path, trainer: Trainer, resuming: bool) -> None:
     """Write the run's `config.json` when it starts; on resume, compare it with the requested one:
-    another model is refused (naming the fields), changed training settings are allowed, as in
-    T5X, and reported. The record of what the checkpoints are is never replaced."""
+    another model or optimizer (the checkpoints' shapes) is refused, naming the fields; other
+    training settings may change, as in T5X, with a warning. The record is never replaced."""
     requested = json.loads(json.dumps(
         {"model": trainer.model_config.to_json(), "train": dataclasses.asdict(trainer.train_config)}))
     path = model_dir / "config.json"
@@ -306,11 +307,12 @@ def record_config(model_dir: pathlib.Path, trainer: Trainer, resuming: bool) -> 
         old, new = saved.get(part, {}), requested[part]
         return {k: (old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)}
 
-    if model_changes := changes("model"):
-        raise ValueError(f"{model_dir} holds checkpoints of another model; refusing to resume it with "
-                         + ", ".join(f"{k}={new!r} (saved: {old!r})" for k, (old, new) in model_changes.items())
+    train_changes = changes("train")
+    if refused := {**changes("model"), **{k: v for k, v in train_changes.items() if k == "optimizer"}}:
+        raise ValueError(f"{model_dir} holds checkpoints of another model or optimizer; refusing to resume it with "
+                         + ", ".join(f"{k}={new!r} (saved: {old!r})" for k, (old, new) in refused.items())
                          + ". Use a new model_dir, or the saved configuration (t5nb.evaluate.run_config).")
-    if train_changes := changes("train"):
+    if train_changes:
         warnings.warn(f"resuming {model_dir} with changed training settings "
                       + ", ".join(f"{k}={new!r} (was {old!r})" for k, (old, new) in train_changes.items())
                       + f"; {path} keeps the original", stacklevel=3)
@@ -382,6 +384,8 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
     for name, value in (("checkpoint_every", checkpoint_every), ("eval_every", eval_every)):
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be a number of steps (0: never), got {value!r}")
+    if hasattr(batches, "task"):
+        check_vocabulary(trainer.model_config.vocab_size, batches.task)
     model_dir = pathlib.Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
     checkpoints = RunCheckpoints(model_dir / "checkpoints", keep_checkpoints) if checkpoint_every else None

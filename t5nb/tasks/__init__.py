@@ -8,11 +8,12 @@ Importing registers the facts tasks and the real tasks (idempotently):
   `closed_book_qa` (and `..._byte`): see `real`.
 """
 from t5nb.tasks.batching import BatchIterator, Preview, get_dataset, preview
-from t5nb.tasks.custom import TaskDataError, describe, read_examples, register_task, token_lengths
+from t5nb.tasks.custom import TaskDataError, describe, read_examples, read_rows, register_task, token_lengths
 from t5nb.tasks.offline import FACT_CHECK, QA, SPAN_CORRUPTION, register_facts_tasks
 from t5nb.tasks.real import register_nq_open_jsonl, register_real_tasks, register_triviaqa_jsonl
 from t5nb.tasks.recipes import TaskNameError, get_task
-from t5nb.tasks.vocab import FACTS_SPM_PATH, get_vocabulary, shared_data_dir
+from t5nb.tasks.vocab import (FACTS_SPM_PATH, check_vocabulary, describe_vocabulary, get_vocabulary,
+                             shared_data_dir)
 
 if FACTS_SPM_PATH.exists():  # absent only while `python -m t5nb.tasks --out data` regenerates it
     register_facts_tasks()
@@ -21,7 +22,7 @@ register_real_tasks("byte", suffix="_byte")
 
 __all__ = [
     "BatchIterator", "FACTS_SPM_PATH", "FACT_CHECK", "Preview", "QA", "SPAN_CORRUPTION", "TaskDataError",
-    "TaskNameError", "describe", "get_dataset", "get_task", "get_vocabulary", "preview", "read_examples",
-    "register_facts_tasks", "register_nq_open_jsonl", "register_real_tasks",
-    "register_task", "register_triviaqa_jsonl", "shared_data_dir", "token_lengths",
+    "TaskNameError", "check_vocabulary", "describe", "describe_vocabulary", "get_dataset", "get_task",
+    "get_vocabulary", "preview", "read_examples", "read_rows", "register_facts_tasks", "register_nq_open_jsonl",
+    "register_real_tasks", "register_task", "register_triviaqa_jsonl", "shared_data_dir", "token_lengths",
 ]

@@ -19,10 +19,12 @@ from t5nb.tasks.batching import is_pretraining
 from t5nb.tasks.recipes import add_task, get_task
 
 FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".txt": "text"}
+FEATURES = ("inputs", "targets", "answers")
 
 
 class TaskDataError(ValueError):
-    """A bad row in a task's data file; the message names the file, line and field."""
+    """A bad row in a data file (a task's, or inputs to predict for); the message names the
+    file, line and field."""
 
     def __init__(self, path, line: int, problem: str, field: str | None = None):
         where = f"{path}, line {line}" + (f", field {field!r}" if field else "")
@@ -38,8 +40,9 @@ def _decoded_lines(path: pathlib.Path):
             raise TaskDataError(path, number, f"invalid UTF-8 (byte {error.start} of the line)") from None
 
 
-def _rows(path: pathlib.Path, file_format: str):
-    """(line number, row) pairs: dicts for JSONL and headed TSV/CSV, strings for text."""
+def read_rows(path: pathlib.Path, file_format: str):
+    """(line number, row) pairs of the non-blank lines: dicts for JSONL and headed TSV/CSV,
+    strings for text; a line that is not UTF-8 or not a row is a `TaskDataError`."""
     lines = [(n, text) for n, text in _decoded_lines(path) if text.strip()]
     if file_format == "text":
         yield from lines
@@ -70,6 +73,24 @@ def _rows(path: pathlib.Path, file_format: str):
         yield number, dict(zip(columns, cells))
 
 
+def _json_kind(value) -> str:
+    """A JSON value that is not text, as a message names it: null, true, a number (42), an object."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, (int, float)):
+        return f"a number ({value!r})"
+    return "an object" if isinstance(value, dict) else f"a {type(value).__name__}"
+
+
+def require_text(path, line: int, field: str, value, several: bool = False):
+    """`value` if it is text (with `several`, a list of texts too); else a `TaskDataError`."""
+    for item in value if several and isinstance(value, list) else [value]:
+        if not isinstance(item, str):
+            inside = " in the list" if item is not value else ""
+            raise TaskDataError(path, line, f"{_json_kind(item)}{inside}, not text", field)
+    return value
+
+
 def read_examples(path, fields: dict | None = None, file_format: str | None = None) -> list[dict]:
     """Examples `{"inputs", "targets", "answers"}` (or `{"targets"}` for text) from one file.
 
@@ -80,10 +101,13 @@ def read_examples(path, fields: dict | None = None, file_format: str | None = No
     file_format = file_format or FORMATS.get(path.suffix.lower())
     if file_format not in FORMATS.values():
         raise ValueError(f"{path}: unknown format {file_format!r}; use one of {sorted(FORMATS.values())}")
-    if not path.exists():
-        raise FileNotFoundError(f"{path}: no such file")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: {'not a file' if path.exists() else 'no such file'}")
+    if file_format != "text" and (not fields or "targets" not in fields or not set(fields) <= set(FEATURES)):
+        raise ValueError(f"{path}: fields={fields!r} must map 'targets' (and 'inputs', 'answers') to the "
+                         f"file's column names or JSON keys")
     examples = []
-    for number, row in _rows(path, file_format):
+    for number, row in read_rows(path, file_format):
         if file_format == "text":
             examples.append({"targets": row.strip()})
             continue
@@ -91,16 +115,14 @@ def read_examples(path, fields: dict | None = None, file_format: str | None = No
         for feature, key in fields.items():
             if key not in row:
                 raise TaskDataError(path, number, f"missing field (the row has {sorted(row)})", key)
-            example[feature] = row[key]
+            example[feature] = require_text(path, number, key, row[key], several=feature != "inputs")
         if isinstance(example["targets"], list):  # several answers: the first is the target
             example["targets"] = example["targets"][0] if example["targets"] else ""
-        if not str(example["targets"]).strip():
+        if not example["targets"].strip():
             raise TaskDataError(path, number, "empty target", fields["targets"])
-        example["targets"] = str(example["targets"])
         if "inputs" in example:  # supervised: keep every accepted answer for the metric
-            example["inputs"] = str(example["inputs"])
             answers = example.get("answers", [])
-            answers = [str(a) for a in answers] if isinstance(answers, list) else [str(answers)]
+            answers = answers if isinstance(answers, list) else [answers]
             example["answers"] = answers if example["targets"] in answers else [example["targets"], *answers]
         examples.append(example)
     return examples
@@ -144,6 +166,9 @@ def register_task(name: str, files, *, fields: dict | None = None, file_format: 
     metric: `squad` (EM/F1, every answer in `answers`), `accuracy`, `bleu` or None.
     vocabulary: `facts`, `byte`, `t5` or a SentencePiece model path.
     """
+    if split_ratio is not None and not (isinstance(split_ratio, (int, float)) and 0 < split_ratio < 1):
+        raise ValueError(f"task {name!r}: split_ratio={split_ratio!r} must be between 0 and 1 (exclusive), "
+                         "the share of examples kept for training")
     paths = files if isinstance(files, dict) else {"train": files}
     formats = {pathlib.Path(p).suffix.lower() for p in paths.values()}
     is_text = (file_format or FORMATS.get(formats.pop() if len(formats) == 1 else "")) == "text"

@@ -2,7 +2,8 @@
 
 `get_vocabulary(name)` takes `"facts"` (trained by t5nb on the corpus in `data/`), `"byte"`
 (no file), `"t5"` (the official `cc_all.32000` model: `$T5NB_DATA_DIR` if it has a copy,
-else T5's public bucket) or a path to any SentencePiece `.model` file.
+else T5's public bucket) or a path to any SentencePiece `.model` file. `check_vocabulary`
+refuses a model whose embedding does not fit a task's vocabulary.
 """
 import io
 import os
@@ -19,6 +20,7 @@ FACTS_VOCAB_SIZE = 1024  # pieces; seqio adds EXTRA_IDS sentinels on top
 EXTRA_IDS = 100
 PUNCTUATION = ".,?:"  # always pieces of their own
 OFFICIAL_SPM_NAME = "vocab/cc_all.32000.sentencepiece.model"
+EMBEDDING_MULTIPLE = 128  # T5 pads its embedding table: 32100 ids in 32128 rows
 
 
 def shared_data_dir() -> pathlib.Path:
@@ -56,10 +58,42 @@ def official_spm_path() -> str:
 
 def get_vocabulary(name: str = "facts") -> seqio.Vocabulary:
     """A seqio vocabulary by name (`facts`, `byte`, `t5`) or SentencePiece model path."""
+    name = os.fspath(name)
     if name == "byte":
         return seqio.ByteVocabulary()  # ByT5's: sentinels are the top ids, never valid UTF-8
     path = {"facts": str(FACTS_SPM_PATH), "t5": None}.get(name, name)
     path = path or official_spm_path()
-    if not path.startswith("gs://") and not pathlib.Path(path).exists():
-        raise FileNotFoundError(f"SentencePiece model {path!r} not found (vocabulary {name!r})")
+    if not path.startswith("gs://") and not pathlib.Path(path).is_file():
+        raise FileNotFoundError(f"vocabulary {name!r}: no SentencePiece model file {path!r}; use 'facts', "
+                                "'byte', 't5' or the path of a .model file")
     return seqio.SentencePieceVocabulary(path, extra_ids=EXTRA_IDS)
+
+
+def describe_vocabulary(vocabulary: seqio.Vocabulary) -> str:
+    """Kind and size, e.g. "SentencePiece facts_spm.model (1124 ids)" or "byte (259 ids)"."""
+    if isinstance(vocabulary, seqio.ByteVocabulary):
+        kind = "byte"
+    elif isinstance(vocabulary, seqio.SentencePieceVocabulary):
+        kind = f"SentencePiece {pathlib.PurePath(vocabulary.sentencepiece_model_file).name}"
+    else:
+        kind = type(vocabulary).__name__
+    return f"{kind} ({vocabulary.vocab_size} ids)"
+
+
+def check_vocabulary(vocab_size: int, task) -> None:
+    """Refuse a model whose embedding of `vocab_size` rows does not fit `task`'s vocabularies
+    (a name, seqio.Task or seqio.Mixture): it must hold exactly the vocabulary's ids, or that
+    rounded up to a multiple of 128, as T5's 32128-row table holds 32100 ids."""
+    from t5nb.tasks.recipes import get_task  # recipes builds its features from this module
+
+    task = get_task(task)
+    for feature in ("targets", "inputs"):
+        if feature not in task.output_features:
+            continue
+        vocabulary = task.output_features[feature].vocabulary
+        ids = vocabulary.vocab_size
+        fitting = sorted({ids, -(-ids // EMBEDDING_MULTIPLE) * EMBEDDING_MULTIPLE})
+        if vocab_size not in fitting:
+            raise ValueError(f"the model's vocab_size={vocab_size} does not fit task {task.name!r}: its {feature} "
+                             f"vocabulary is {describe_vocabulary(vocabulary)}, which needs vocab_size "
+                             + " or ".join(map(str, fitting)))
