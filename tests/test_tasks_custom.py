@@ -1,4 +1,5 @@
 """Custom tasks from TSV, CSV, JSONL and text files; every bad input names file, line, field."""
+import json
 import re
 
 import numpy as np
@@ -81,3 +82,24 @@ def test_unknown_task_or_mixture_name_suggests_close_ones():
         tasks.BatchIterator("facts_q", LENGTHS, 2)
     with pytest.raises(TaskNameError, match="no task or mixture called 'nothing_like_it' is registered$"):
         tasks.describe("nothing_like_it")
+
+
+NQ_OPEN_DEV = tasks.shared_data_dir() / "nq_open" / "NQ-open.dev.jsonl"
+
+
+@pytest.mark.skipif(not NQ_OPEN_DEV.exists(), reason=f"{NQ_OPEN_DEV} absent (set T5NB_DATA_DIR)")
+@pytest.mark.parametrize("fields", [QA_FIELDS, {**QA_FIELDS, "answers": "answer"}], ids=["list-target", "answers-field"])
+def test_every_answer_of_a_multi_answer_target_reaches_the_metric(tmp_path, fields):
+    """Real NQ-open rows, `"answer": [...]`: predicting the last accepted answer scores EM 100."""
+    from t5nb.evaluate import compute_metrics, task_examples
+
+    rows = [json.loads(line) for line in NQ_OPEN_DEV.read_text().splitlines()]
+    rows = [row for row in rows if len(row["answer"]) > 1][:50]
+    path = _write(tmp_path, "nq.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
+    task = register_task(f"custom_multi_answer_{len(fields)}", path, fields=fields, metric="squad", vocabulary="byte")
+    examples = task_examples(task, {"inputs": 128, "targets": 32}, split="train")
+    assert [[a.decode() for a in ex["answers"]] for ex in examples] == [row["answer"] for row in rows]
+    _, _, metrics = compute_metrics(task, examples, [row["answer"][-1] for row in rows])
+    assert metrics["em"] == 100
+    _, _, metrics = compute_metrics(task, examples, ["no such answer"] * len(rows))
+    assert metrics["em"] == 0

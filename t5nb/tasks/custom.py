@@ -116,14 +116,14 @@ def read_examples(path, fields: dict | None = None, file_format: str | None = No
             if key not in row:
                 raise TaskDataError(path, number, f"missing field (the row has {sorted(row)})", key)
             example[feature] = require_text(path, number, key, row[key], several=feature != "inputs")
-        if isinstance(example["targets"], list):  # several answers: the first is the target
-            example["targets"] = example["targets"][0] if example["targets"] else ""
+        accepted = example["targets"] if isinstance(example["targets"], list) else [example["targets"]]
+        example["targets"] = accepted[0] if accepted else ""  # several answers: the first is the target
         if not example["targets"].strip():
             raise TaskDataError(path, number, "empty target", fields["targets"])
-        if "inputs" in example:  # supervised: keep every accepted answer for the metric
+        if "inputs" in example:  # supervised: every accepted answer, target first, goes to the metric
             answers = example.get("answers", [])
             answers = answers if isinstance(answers, list) else [answers]
-            example["answers"] = answers if example["targets"] in answers else [example["targets"], *answers]
+            example["answers"] = list(dict.fromkeys([*accepted, *answers]))
         examples.append(example)
     return examples
 
