@@ -64,8 +64,8 @@ def test_import_keeps_freed_host_memory_so_repeated_steps_do_not_fault_pages():
 
     kept, opted_out = faults(), faults(T5NB_KEEP_FREED_MEMORY="0")
     print(f"page faults of a repeated step: {kept} kept, {opted_out} opted out")
-    if opted_out < 32_768:  # fewer than the 256 MB temporary's 65,536 pages: nothing to keep here
+    if opted_out < 1024:  # under 4 MB of the 256 MB temporary came back from the kernel
         pytest.skip(f"this host's allocator already keeps the freed temporary: a repeated step faulted "
                     f"{opted_out} pages without t5nb's setting ({kept} with it), so the setting has "
                     f"nothing to show")
-    assert kept < opted_out // 100
+    assert kept * 10 < opted_out
