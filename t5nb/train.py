@@ -113,6 +113,11 @@ def _loss_weights(batch):
     return (batch["decoder_target_tokens"] > 0).astype(jnp.float32)
 
 
+def params_of(model: Transformer) -> dict:
+    """A model's parameters as the nested dict the train state holds (`Trainer.model` inverts it)."""
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
 class Trainer:
     """A model on a mesh, with its compiled, sharded train and eval steps."""
 

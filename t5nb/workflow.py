@@ -13,7 +13,8 @@ from t5nb import evaluate, tasks
 from t5nb.config import T5Config, get_config
 from t5nb.profiles import Profile
 from t5nb.system import in_colab
-from t5nb.train import Trainer, TrainConfig, TrainResult, train
+from t5nb.model import Transformer
+from t5nb.train import Trainer, TrainConfig, TrainResult, params_of, train
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -31,11 +32,15 @@ def record_headline(notebook: str, **numbers) -> None:
     path.write_text(json.dumps(numbers, indent=2, default=float) + "\n")
 
 
-def model_config(profile: Profile, **changes) -> T5Config:
-    """The profile's preset with its vocabulary's size (and any field changes)."""
-    vocab_size = tasks.get_vocabulary(profile.vocabulary).vocab_size
-    if profile.vocabulary == "t5":
-        vocab_size = 32128  # the official model pads 32100 to a multiple of 128
+def model_config(profile: Profile, task=None, **changes) -> T5Config:
+    """The profile's preset sized for the vocabulary of `task` (default: the profile's
+    vocabulary), with any field changes."""
+    vocabulary = tasks.get_vocabulary(profile.vocabulary)
+    vocab_size = 32128 if profile.vocabulary == "t5" else vocabulary.vocab_size  # T5 pads 32100 to 32128
+    if task is not None:
+        task_vocabulary = tasks.get_task(task).output_features["targets"].vocabulary
+        if task_vocabulary != vocabulary:
+            vocab_size = task_vocabulary.vocab_size
     return get_config(profile.model, vocab_size=vocab_size, **changes)
 
 
@@ -74,36 +79,56 @@ def pretrain(profile: Profile, num_steps: int | None = None, trainer: Trainer | 
     return trainer, result
 
 
-def pretrained_params(profile: Profile, progress: bool = True) -> dict:
-    """The parameters of the profile's finished pretraining run, pretraining first if needed."""
+def pretrained_model(profile: Profile, progress: bool = True) -> Transformer:
+    """The model of the profile's finished pretraining run, pretraining first if needed."""
     trainer, result = pretrain(profile, progress=progress)
-    return result.state.params
+    return trainer.model(result.state.params)
 
 
-def finetune(profile: Profile, task: str, params: dict | None, num_steps: int | None = None, name: str = "",
-             learning_rate: float = 1e-3, checkpoint_every: int = 0, mesh=None, on_log=None, progress: bool = True):
-    """Fine-tune on `task` from `params` (None: from random initialisation), T5X style:
-    Adafactor at a constant learning rate 1e-3. Returns (trainer, TrainResult)."""
-    trainer = Trainer(model_config(profile, dropout_rate=0.0), TrainConfig(learning_rate=learning_rate), mesh)
-    state = trainer.init_state(params)
+def _fine_tuning_trainer(profile: Profile, task, init, learning_rate: float, mesh) -> tuple[Trainer, dict | None]:
+    """A trainer for `init`'s configuration (or the profile's preset for the task's vocabulary)
+    without dropout, and `init`'s parameters."""
+    if init is None:
+        return Trainer(model_config(profile, task, dropout_rate=0.0), TrainConfig(learning_rate=learning_rate), mesh), None
+    if not isinstance(init, Transformer):
+        raise TypeError(f"init must be a model, as pretrained_model, checkpoints.load_hf, checkpoints.load_t5x "
+                        f"and evaluate.load_model return it, or None for random initialisation; got {type(init).__name__}")
+    trainer = Trainer(init.config.replace(dropout_rate=0.0), TrainConfig(learning_rate=learning_rate), mesh)
+    return trainer, params_of(init)
+
+
+def finetune(profile: Profile, task, init: Transformer | None, num_steps: int | None = None, name: str = "",
+             learning_rate: float = 1e-3, checkpoint_every: int | None = None, mesh=None, on_log=None,
+             progress: bool = True):
+    """Fine-tune `init` (a model from any loader; None: random initialisation) on `task`, T5X
+    style: Adafactor at a constant learning rate 1e-3, no dropout. The run keeps its final
+    state (and one every `checkpoint_every` steps), so `t5nb eval` and `t5nb infer` take its
+    directory, and calling again resumes it. Returns (trainer, TrainResult)."""
+    trainer, params = _fine_tuning_trainer(profile, task, init, learning_rate, mesh)
+    num_steps = num_steps or profile.finetune_steps
     batches = tasks.BatchIterator(task, finetune_lengths(profile), profile.batch_size)
-    model_dir = runs_dir() / profile.name / f"finetune_{task}{'_' + name if name else ''}"
-    result = train(trainer, batches, num_steps or profile.finetune_steps, model_dir, state=state, log_every=25,
-                   checkpoint_every=checkpoint_every, task_name=task, on_log=on_log, progress=progress)
+    model_dir = runs_dir() / profile.name / f"finetune_{tasks.get_task(task).name}{'_' + name if name else ''}"
+    result = train(trainer, batches, num_steps, model_dir, state=trainer.init_state(params), log_every=25,
+                   checkpoint_every=checkpoint_every or num_steps, task_name=tasks.get_task(task).name,
+                   on_log=on_log, progress=progress)
     return trainer, result
 
 
-def finetune_and_evaluate(profile: Profile, task: str, params: dict | None, name: str, on_log=None,
-                          num_steps: int | None = None):
-    """Fine-tune (see `finetune`), then decode the validation split and score it with the task's
-    own metrics (`evaluate.infer_eval`). Returns (trainer, TrainResult, metrics)."""
-    trainer, result = finetune(profile, task, params, num_steps=num_steps, name=name, on_log=on_log)
+def finetune_and_evaluate(profile: Profile, task, init: Transformer | None, name: str, on_log=None,
+                          num_steps: int | None = None, split: str = "validation"):
+    """Fine-tune (see `finetune`), then decode `split` and score it with the task's own metrics
+    (`evaluate.infer_eval`). Returns (trainer, TrainResult, metrics)."""
+    splits = tasks.get_task(task).splits
+    if split not in splits:  # before training, not after
+        raise ValueError(f"task {tasks.get_task(task).name!r} has no split {split!r} to evaluate on; "
+                         f"its splits: {', '.join(splits)}")
+    trainer, result = finetune(profile, task, init, num_steps=num_steps, name=name, on_log=on_log)
     metrics = evaluate.infer_eval(trainer.model(result.state.params), task, result.model_dir,
                                   step=int(jax.device_get(result.state.step)), feature_lengths=finetune_lengths(profile),
-                                  batch_size=64, max_examples=profile.eval_examples)
+                                  batch_size=64, split=split, max_examples=profile.eval_examples)
     return trainer, result, metrics
 
 
 __all__ = ["TrainResult", "feature_lengths", "finetune", "finetune_and_evaluate", "finetune_lengths",
-           "model_config", "pretrain", "pretrained_params", "pretraining_dir", "pretraining_trainer",
+           "model_config", "pretrain", "pretrained_model", "pretraining_dir", "pretraining_trainer",
            "record_headline", "runs_dir"]

@@ -1,0 +1,94 @@
+"""The course's fine-tuning calls: any loader's model goes straight in, the model takes the task's
+vocabulary, every run directory left behind is evaluable, a missing split is found before training."""
+import json
+import math
+
+import numpy as np
+import pytest
+import seqio
+from flax import nnx
+
+import t5nb
+import t5nb.tasks as tasks
+from t5nb import checkpoints, cli, evaluate, workflow
+from t5nb.config import get_config
+from t5nb.model import Transformer
+
+PROFILE = t5nb.get_profile("ci")
+T5X_TINY = tasks.shared_data_dir() / "t5x" / "test_t5_tiny.checkpoint_0"
+OFFICIAL_VOCABULARY = tasks.shared_data_dir() / "vocab" / "cc_all.32000.sentencepiece.model"
+needs_t5_vocabulary = pytest.mark.skipif(not OFFICIAL_VOCABULARY.exists(),
+                                         reason=f"{OFFICIAL_VOCABULARY} absent (set T5NB_DATA_DIR)")
+
+
+@pytest.fixture(autouse=True)
+def runs_in_tmp(tmp_path, monkeypatch):
+    monkeypatch.setenv("T5NB_RUNS_DIR", str(tmp_path / "runs"))
+
+
+def sums_task(tmp_path, vocabulary: str, split_ratio: float | None = 0.5) -> str:
+    """A small supervised task ("what is i plus one?") in `vocabulary`, registered once per name."""
+    name = f"workflow_sums_{vocabulary}{'' if split_ratio else '_train_only'}"
+    if name in seqio.TaskRegistry.names():
+        return name
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(json.dumps({"question": f"what is {i} plus one?", "answer": str(i + 1)}) + "\n"
+                            for i in range(32)))
+    tasks.register_task(name, path, fields={"inputs": "question", "targets": "answer"}, split_ratio=split_ratio,
+                        metric="squad", vocabulary=vocabulary)
+    return name
+
+
+@pytest.mark.parametrize("vocabulary", ["byte", pytest.param("t5", marks=needs_t5_vocabulary)])
+def test_a_task_in_another_vocabulary_fine_tunes_a_model_of_that_vocabulary(tmp_path, vocabulary):
+    task = sums_task(tmp_path, vocabulary)
+    trainer, result = workflow.finetune(PROFILE, task, None, num_steps=3, progress=False)
+    assert trainer.model_config.vocab_size == tasks.get_task(task).output_features["targets"].vocabulary.vocab_size
+    assert trainer.model_config.vocab_size != workflow.model_config(PROFILE).vocab_size
+    assert all(math.isfinite(entry["loss"]) for entry in result.history)
+
+
+def loaded_model(kind: str, tmp_path):
+    """(model, task) from one loader: T5X (the real tiny checkpoint), Hugging Face, or an own run."""
+    if kind == "t5x":
+        if not (T5X_TINY.exists() and OFFICIAL_VOCABULARY.exists()):
+            pytest.skip(f"{T5X_TINY} or {OFFICIAL_VOCABULARY} absent (set T5NB_DATA_DIR)")
+        return checkpoints.load_t5x(T5X_TINY, get_config("t5.1.1-tiny")), sums_task(tmp_path, "t5")
+    if kind == "hf":
+        config = get_config("t5.1.1-tiny", vocab_size=tasks.get_vocabulary("facts").vocab_size)
+        checkpoints.save_hf(Transformer(config, rngs=nnx.Rngs(0)), tmp_path / "hf")
+        return checkpoints.load_hf(tmp_path / "hf"), tasks.QA
+    _, run = workflow.finetune(PROFILE, tasks.QA, None, num_steps=2, name="first", progress=False)
+    model, step = evaluate.load_model(run.model_dir)
+    assert step == 2
+    return model, tasks.QA
+
+
+@pytest.mark.parametrize("kind", ["t5x", "hf", "own"])
+def test_every_loaders_model_fine_tunes_evaluates_and_exports_as_it_is(tmp_path, kind, capsys):
+    model, task = loaded_model(kind, tmp_path)
+    trainer, result, metrics = workflow.finetune_and_evaluate(PROFILE, task, model, name=kind, num_steps=2)
+    assert trainer.model_config == model.config.replace(dropout_rate=0.0)
+    assert {"em", "f1"} <= set(metrics)
+    tuned = trainer.model(result.state.params)
+    checkpoints.save_hf(tuned, tmp_path / "exported")
+    exported = checkpoints.model_params(checkpoints.load_hf(tmp_path / "exported"))
+    for path, value in checkpoints.model_params(tuned).items():
+        np.testing.assert_array_equal(exported[path], value, err_msg=path)
+    # the run directory it leaves is one `t5nb eval` takes
+    assert cli.main(["eval", str(result.model_dir), "--task", task, "--max-examples", "4",
+                     "--inputs-length", "32", "--targets-length", "8"]) == 0
+    assert "inference_eval" in capsys.readouterr().out
+
+
+def test_an_evaluation_split_the_task_lacks_is_refused_before_training(tmp_path):
+    task = sums_task(tmp_path, "byte", split_ratio=None)
+    with pytest.raises(ValueError, match=rf"task '{task}' has no split 'validation' to evaluate on; its splits: train"):
+        workflow.finetune_and_evaluate(PROFILE, task, None, name="never")
+    assert not (workflow.runs_dir() / PROFILE.name).exists()
+
+
+def test_parameters_in_another_form_are_refused_with_what_to_pass():
+    flat = checkpoints.model_params(Transformer(get_config("t5.1.1-tiny", vocab_size=64), rngs=nnx.Rngs(0)))
+    with pytest.raises(TypeError, match="init must be a model, as pretrained_model, checkpoints.load_hf"):
+        workflow.finetune(PROFILE, tasks.QA, flat, num_steps=1)
