@@ -107,9 +107,9 @@ def finetune(profile: Profile, task, init: Transformer | None, num_steps: int | 
     trainer, params = _fine_tuning_trainer(profile, task, init, learning_rate, mesh)
     num_steps = num_steps or profile.finetune_steps
     batches = tasks.BatchIterator(task, finetune_lengths(profile), profile.batch_size)
-    model_dir = runs_dir() / profile.name / f"finetune_{tasks.get_task(task).name}{'_' + name if name else ''}"
+    model_dir = runs_dir() / profile.name / f"finetune_{batches.task.name}{'_' + name if name else ''}"
     result = train(trainer, batches, num_steps, model_dir, state=trainer.init_state(params), log_every=25,
-                   checkpoint_every=checkpoint_every or num_steps, task_name=tasks.get_task(task).name,
+                   checkpoint_every=checkpoint_every or num_steps, task_name=batches.task.name,
                    on_log=on_log, progress=progress)
     return trainer, result
 
