@@ -1,12 +1,18 @@
 """The `t5nb` command: the same code the notebooks call, from a shell.
 
+`eval` and `infer` run built-in tasks, tasks a module of yours registers (`--task-module`) or
+a task from a data file described in flags (`--task-file`, `--task-fields`, ...).
+
 A mistake in what it is given (an argument, file, directory, task or checkpoint) is answered
 in one line, exit status 2 for arguments and 1 for the rest; `--debug` (or `T5NB_DEBUG=1`)
 shows the traceback instead. Any other exception is a bug and shows its traceback.
 """
 import argparse
+import importlib
+import importlib.util
 import math
 import os
+import pathlib
 import sys
 import warnings
 
@@ -40,6 +46,43 @@ def _number(kind, least, expected: str):
 POSITIVE = _number(int, 1, "a positive whole number")
 STEP = _number(int, 0, "a checkpoint step (0 or more)")
 FINITE = _number(float, -math.inf, "a finite number")
+# what `--task-file` passes on to `t5nb.tasks.register_task`, without the `task_`
+TASK_FILE_OPTIONS = ("task_fields", "task_metric", "task_vocabulary", "task_prefix", "task_split_ratio")
+
+
+def _fields(text: str) -> dict:
+    """An argparse `type`: `inputs=question,targets=answer` -> `{"inputs": "question", "targets": "answer"}`."""
+    pairs = [pair.partition("=") for pair in text.split(",")]
+    if not all(feature.strip() and equals and column for feature, equals, column in pairs):
+        raise argparse.ArgumentTypeError(f"must be FEATURE=COLUMN pairs joined by commas, e.g. "
+                                         f"inputs=question,targets=answer; got {text!r}")
+    return {feature.strip(): column for feature, _, column in pairs}
+
+
+def add_task_options(command) -> None:
+    """`--task-module` and `--task-file` (with the options that describe its task) on `command`."""
+    own = command.add_argument_group(
+        "tasks of your own", "register tasks before running: import a module of yours, or describe the --task "
+        "in a data file (t5nb.tasks.register_task)")
+    own.add_argument("--task-module", action="append", metavar="MODULE",
+                     help="import MODULE, which registers tasks: a .py file or a dotted module name (found in the "
+                          "current directory or on PYTHONPATH), as T5X's --gin.MIXTURE_OR_TASK_MODULE; repeatable")
+    own.add_argument("--task-file", metavar="PATH",
+                     help="register the --task (with several, the last) from this TSV, CSV, JSON (an array of "
+                          "objects), JSONL or text file; eval reads the whole file as its --split unless "
+                          "--task-split-ratio carves train and validation out of it. Several accepted answers: a "
+                          "JSON list of strings as the target (in CSV/TSV, a cell holding one)")
+    own.add_argument("--task-fields", type=_fields, metavar="FEATURE=COLUMN,...",
+                     help="the file's column or JSON key of each feature: inputs=...,targets=...[,answers=...] "
+                          "(not for text files)")
+    own.add_argument("--task-metric", metavar="METRIC",
+                     help="squad (EM/F1 over every accepted answer), accuracy or bleu (default: none)")
+    own.add_argument("--task-vocabulary", metavar="VOCABULARY",
+                     help="facts (default), byte, t5 or a SentencePiece model path")
+    own.add_argument("--task-prefix", metavar="TEXT", help='text put before every input, e.g. "question: "')
+    own.add_argument("--task-split-ratio", type=FINITE, metavar="SHARE",
+                     help="the share of the file's examples for train (e.g. 0.9), the rest validation")
+    command.set_defaults(command_parser=command)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,7 +115,54 @@ def build_parser() -> argparse.ArgumentParser:
         command.add_argument("--batch-size", type=POSITIVE, default=8)
         command.add_argument("--beams", type=POSITIVE, default=1, help="beam search with this many beams (1: greedy)")
         command.add_argument("--alpha", type=FINITE, default=0.6, help="beam search length penalty")
+        add_task_options(command)
     return parser
+
+
+def check_task_options(args) -> None:
+    """An argument error for the options that describe a --task-file's task without one."""
+    given = [option for option in TASK_FILE_OPTIONS if getattr(args, option, None) is not None]
+    if given and not args.task_file:
+        flags = ", ".join("--" + option.replace("_", "-") for option in given)
+        args.command_parser.error(f"{flags}: only with --task-file, whose task they describe")
+
+
+def import_task_module(module: str) -> None:
+    """Import a module that registers tasks: a `.py` file, or a dotted name found in the current
+    directory or on the Python path."""
+    path = pathlib.Path(module)
+    if path.suffix == ".py":
+        if not path.is_file():
+            raise FileNotFoundError(f"--task-module {module}: no such file")
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        sys.modules[spec.name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[spec.name])
+        return
+    if os.getcwd() not in sys.path:  # the `t5nb` script's sys.path starts at its own folder
+        sys.path.insert(0, os.getcwd())
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name is None or not f"{module}.".startswith(f"{error.name}."):
+            raise  # the module itself imports something missing: its traceback says what
+        raise FileNotFoundError(f"--task-module {module}: no module named {error.name!r} in the current "
+                                "directory or on PYTHONPATH (or give a .py file)") from None
+
+
+def register_command_line_tasks(args) -> None:
+    """Import every --task-module, then register the --task-file's task, named by the last --task."""
+    for module in args.task_module or ():
+        import_task_module(module)
+    if not args.task_file:
+        return
+    from t5nb.tasks import register_task
+
+    name = args.task[-1] if isinstance(args.task, list) else args.task
+    options = {option.removeprefix("task_"): getattr(args, option) for option in TASK_FILE_OPTIONS
+               if getattr(args, option) is not None}
+    split = getattr(args, "split", None)  # eval's: the file is that split unless a ratio carves two
+    files = args.task_file if split is None or args.task_split_ratio is not None else {split: args.task_file}
+    register_task(name, files, **options)
 
 
 def run(args) -> int:
@@ -87,6 +177,7 @@ def run(args) -> int:
     if args.command in ("eval", "infer"):
         from t5nb.evaluate import run_command
 
+        register_command_line_tasks(args)
         return run_command(args)
     import t5nb
 
@@ -97,6 +188,7 @@ def run(args) -> int:
 def main(argv=None) -> int:
     try:
         args = build_parser().parse_args(argv)
+        check_task_options(args)
     except SystemExit as exit:  # --help, or an argument error, already printed
         return exit.code
     prog = f"t5nb {args.command}"

@@ -1,4 +1,5 @@
-"""Custom tasks from TSV, CSV, JSONL and text files; every bad input names file, line, field."""
+"""Custom tasks from TSV, CSV, JSON, JSONL and text files; every bad input names file, row, field."""
+import csv
 import json
 import re
 
@@ -6,7 +7,7 @@ import numpy as np
 import pytest
 
 import t5nb.tasks as tasks
-from t5nb.tasks import TaskDataError, TaskNameError, register_task
+from t5nb.tasks import TaskDataError, TaskNameError, read_examples, register_task
 
 LENGTHS = {"inputs": 32, "targets": 8}
 QA_FIELDS = {"inputs": "question", "targets": "answer"}
@@ -63,11 +64,36 @@ def test_text_file_becomes_span_corruption(tmp_path):
     ("empty.tsv", "question\tanswer\nfine?\tyes\nempty?\t \n", QA_FIELDS, r"empty.tsv, line 3, field 'answer': empty target"),
     ("latin1.tsv", "question\tanswer\nok?\tyes\n".encode() + b"caf\xe9?\tyes\n", QA_FIELDS,
      r"latin1.tsv, line 3: invalid UTF-8 \(byte 3 of the line\)"),
+    ("latin1.json", '[{"question": "ok?",\r\n  "answer": "caf'.encode() + b'\xe9"}]', QA_FIELDS,
+     r"latin1.json, line 2: invalid UTF-8 \(byte 16 of the line\)"),
+    ("multiline.csv", 'question,answer\n"Which city,\nin France?",Paris\nRome?,\n', QA_FIELDS,
+     r"multiline.csv, line 4, field 'answer': empty target"),
+    ("missing.json", '[{"question": "a", "answer": "b"},\n {"question": "c"}]', QA_FIELDS,
+     r"missing.json, item 1, field 'answer': missing field \(the row has \['question'\]\)"),
+    ("number.json", '[{"question": "a", "answer": ["b", 7]}]', QA_FIELDS,
+     r"number.json, item 0, field 'answer': a number \(7\) in the list, not text"),
+    ("strings.json", '["a", "b"]', QA_FIELDS, r"strings.json, item 0: malformed row, a string and not an object"),
+    ("bad.json", '[{"question": "a", "answer": "b"},\n {"question": }]', QA_FIELDS,
+     r"bad.json, line 2: malformed JSON \(Expecting value, column 15\)"),
 ])
 def test_bad_input_names_file_line_and_field(tmp_path, name, content, fields, message):
     path = _write(tmp_path, name, content)
     with pytest.raises(TaskDataError, match=message):
         register_task("custom_bad", path, fields=fields)
+
+
+def test_json_file_that_is_not_an_array_of_objects_is_refused(tmp_path):
+    path = _write(tmp_path, "squad.json", '{"version": "1.1", "data": []}')
+    with pytest.raises(ValueError, match=r"squad.json: not a JSON array of objects, one per example "
+                                         r"\(it holds an object with keys \['data', 'version'\]\)"):
+        register_task("custom_not_array", path, fields=QA_FIELDS)
+
+
+def test_csv_quoted_field_may_span_lines(tmp_path):
+    content = 'question,answer\r\n"Which city,\r\nnamed ""the capital""?",Paris\r\n\r\n"Rome?",Rome\r\n'
+    examples = read_examples(_write(tmp_path, "multiline.csv", content), QA_FIELDS)
+    assert [example["inputs"] for example in examples] == ['Which city,\r\nnamed "the capital"?', "Rome?"]
+    assert [example["targets"] for example in examples] == ["Paris", "Rome"]
 
 
 def test_duplicate_registration_is_an_error(tmp_path):
@@ -87,19 +113,48 @@ def test_unknown_task_or_mixture_name_suggests_close_ones():
 NQ_OPEN_DEV = tasks.shared_data_dir() / "nq_open" / "NQ-open.dev.jsonl"
 
 
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def _write_json_array(path, rows):
+    path.write_text(json.dumps(rows, indent=1))
+
+
+def _write_csv_with_json_list_cells(path, rows):
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows({key: json.dumps(value) if isinstance(value, list) else value for key, value in row.items()}
+                         for row in rows)
+
+
+MULTI_ANSWER_FORMS = {  # id: (file name, writer, fields)
+    "jsonl-list-target": ("nq.jsonl", _write_jsonl, QA_FIELDS),
+    "jsonl-answers-field": ("nq.jsonl", _write_jsonl, {**QA_FIELDS, "answers": "answer"}),
+    "json-array": ("nq.json", _write_json_array, QA_FIELDS),
+    "csv-json-list-cell": ("nq.csv", _write_csv_with_json_list_cells, QA_FIELDS),
+}
+
+
 @pytest.mark.skipif(not NQ_OPEN_DEV.exists(), reason=f"{NQ_OPEN_DEV} absent (set T5NB_DATA_DIR)")
-@pytest.mark.parametrize("fields", [QA_FIELDS, {**QA_FIELDS, "answers": "answer"}], ids=["list-target", "answers-field"])
-def test_every_answer_of_a_multi_answer_target_reaches_the_metric(tmp_path, fields):
-    """Real NQ-open rows, `"answer": [...]`: predicting the last accepted answer scores EM 100."""
+@pytest.mark.parametrize("form", MULTI_ANSWER_FORMS)
+def test_every_answer_of_a_multi_answer_target_reaches_the_metric(tmp_path, form):
+    """Real NQ-open rows, `"answer": [...]`, as JSONL, a JSON array or CSV: predicting any one
+    accepted answer of each row scores EM and F1 100."""
     from t5nb.evaluate import compute_metrics, task_examples
 
     rows = [json.loads(line) for line in NQ_OPEN_DEV.read_text().splitlines()]
     rows = [row for row in rows if len(row["answer"]) > 1][:50]
-    path = _write(tmp_path, "nq.jsonl", "".join(json.dumps(row) + "\n" for row in rows))
-    task = register_task(f"custom_multi_answer_{len(fields)}", path, fields=fields, metric="squad", vocabulary="byte")
+    name, write, fields = MULTI_ANSWER_FORMS[form]
+    write(tmp_path / name, rows)
+    task = register_task(f"custom_multi_answer_{form.replace('-', '_')}", tmp_path / name, fields=fields,
+                         metric="squad", vocabulary="byte")
     examples = task_examples(task, {"inputs": 128, "targets": 32}, split="train")
     assert [[a.decode() for a in ex["answers"]] for ex in examples] == [row["answer"] for row in rows]
-    _, _, metrics = compute_metrics(task, examples, [row["answer"][-1] for row in rows])
-    assert metrics["em"] == 100
+    for k in range(max(len(row["answer"]) for row in rows)):
+        predictions = [row["answer"][min(k, len(row["answer"]) - 1)] for row in rows]
+        _, _, metrics = compute_metrics(task, examples, predictions)
+        assert metrics == {"em": 100, "f1": 100}, f"answer {k}"
     _, _, metrics = compute_metrics(task, examples, ["no such answer"] * len(rows))
     assert metrics["em"] == 0

@@ -1,15 +1,17 @@
-"""Your own task in one call, from TSV, CSV, JSONL or plain-text files; and `describe(task)`.
+"""Your own task in one call, from TSV, CSV, JSON, JSONL or plain-text files; and `describe(task)`.
 
     register_task("capitals", "capitals.tsv", fields={"inputs": "country", "targets": "capital"},
                   prefix="capital of: ", split_ratio=0.9, metric="squad")
 
 Files are read and checked when the task is registered, so a bad row is reported at once,
-naming the file, the line and the field.
+naming the file, the row (its line; in a JSON array file, its item) and the field.
 """
 import csv
+import io
 import json
 import pathlib
 import random
+import re
 
 import numpy as np
 import seqio
@@ -18,59 +20,30 @@ import tensorflow as tf
 from t5nb.tasks.batching import is_pretraining
 from t5nb.tasks.recipes import add_task, get_task
 
-FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".txt": "text"}
+FORMATS = {".tsv": "tsv", ".csv": "csv", ".json": "json", ".jsonl": "jsonl", ".txt": "text"}
 FEATURES = ("inputs", "targets", "answers")
+LINE_BREAK = re.compile(r"\r\n|\r|\n")
 
 
 class TaskDataError(ValueError):
     """A bad row in a data file (a task's, or inputs to predict for); the message names the
-    file, line and field."""
+    file, the row and the field. `row`: a line number, or where else the row is (`"item 3"`:
+    index 3 of a JSON array)."""
 
-    def __init__(self, path, line: int, problem: str, field: str | None = None):
-        where = f"{path}, line {line}" + (f", field {field!r}" if field else "")
+    def __init__(self, path, row: int | str, problem: str, field: str | None = None):
+        where = f"{path}, {row if isinstance(row, str) else f'line {row}'}" + (f", field {field!r}" if field else "")
         super().__init__(f"{where}: {problem}")
 
 
-def _decoded_lines(path: pathlib.Path):
-    """(line number, text) for every line of `path`, checking that it is UTF-8."""
-    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
-        try:
-            yield number, raw.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise TaskDataError(path, number, f"invalid UTF-8 (byte {error.start} of the line)") from None
-
-
-def read_rows(path: pathlib.Path, file_format: str):
-    """(line number, row) pairs of the non-blank lines: dicts for JSONL and headed TSV/CSV,
-    strings for text; a line that is not UTF-8 or not a row is a `TaskDataError`."""
-    lines = [(n, text) for n, text in _decoded_lines(path) if text.strip()]
-    if file_format == "text":
-        yield from lines
-        return
-    if file_format == "jsonl":
-        for number, text in lines:
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise TaskDataError(path, number, f"malformed row, not JSON ({error.msg})") from None
-            if not isinstance(row, dict):
-                raise TaskDataError(path, number, f"malformed row, a JSON {type(row).__name__} and not an object")
-            yield number, row
-        return
-    delimiter = "\t" if file_format == "tsv" else ","
-    if not lines:
-        raise TaskDataError(path, 1, "no header row")
-    header_number, header = lines[0]
-    columns = next(csv.reader([header], delimiter=delimiter))
-    for number, text in lines[1:]:
-        try:
-            cells = next(csv.reader([text], delimiter=delimiter, strict=True))
-        except csv.Error as error:
-            raise TaskDataError(path, number, f"malformed row ({error})") from None
-        if len(cells) != len(columns):
-            raise TaskDataError(path, number, f"malformed row: {len(cells)} fields, the header (line "
-                                              f"{header_number}) has {len(columns)}")
-        yield number, dict(zip(columns, cells))
+def _decoded_text(path: pathlib.Path) -> str:
+    """The text of `path`; a file that is not UTF-8 is a `TaskDataError` naming the line and byte."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as error:
+        lines_before = LINE_BREAK.split(raw[: error.start].decode("utf-8"))
+        raise TaskDataError(path, len(lines_before),
+                            f"invalid UTF-8 (byte {len(lines_before[-1].encode())} of the line)") from None
 
 
 def _json_kind(value) -> str:
@@ -79,23 +52,104 @@ def _json_kind(value) -> str:
         return json.dumps(value)
     if isinstance(value, (int, float)):
         return f"a number ({value!r})"
+    if isinstance(value, str):
+        return "a string"
     return "an object" if isinstance(value, dict) else f"a {type(value).__name__}"
 
 
-def require_text(path, line: int, field: str, value, several: bool = False):
+def _object_row(path, row, value) -> tuple:
+    """(row, value) if `value` is a JSON object; else a `TaskDataError`."""
+    if not isinstance(value, dict):
+        raise TaskDataError(path, row, f"malformed row, {_json_kind(value)} and not an object")
+    return row, value
+
+
+def _json_array_rows(path: pathlib.Path):
+    """("item N", object) for each object of a JSON file holding an array of objects."""
+    try:
+        items = json.loads(_decoded_text(path))
+    except json.JSONDecodeError as error:
+        raise TaskDataError(path, error.lineno, f"malformed JSON ({error.msg}, column {error.colno})") from None
+    if not isinstance(items, list):
+        keys = f" with keys {sorted(items)}" if isinstance(items, dict) else ""
+        raise ValueError(f"{path}: not a JSON array of objects, one per example (it holds {_json_kind(items)}{keys})")
+    for index, item in enumerate(items):
+        yield _object_row(path, f"item {index}", item)
+
+
+def _table_rows(path: pathlib.Path, delimiter: str):
+    """(first line, dict) for each row of a headed CSV/TSV under the csv module's quoting rules
+    (a quoted field may span lines); a row of blank cells is skipped."""
+    # newline="" as csv asks: line breaks inside quoted fields stay as they are
+    reader = csv.reader(io.StringIO(_decoded_text(path), newline=""), delimiter=delimiter, strict=True)
+    rows, line = [], 1
+    try:
+        for cells in reader:
+            if any(cell.strip() for cell in cells):
+                rows.append((line, cells))
+            line = reader.line_num + 1
+    except csv.Error as error:
+        raise TaskDataError(path, line, f"malformed row ({error})") from None
+    if not rows:
+        raise TaskDataError(path, 1, "no header row")
+    (header_line, columns), *body = rows
+    for line, cells in body:
+        if len(cells) != len(columns):
+            raise TaskDataError(path, line, f"malformed row: {len(cells)} fields, the header (line {header_line}) "
+                                            f"has {len(columns)}")
+        yield line, dict(zip(columns, cells))
+
+
+def read_rows(path: pathlib.Path, file_format: str):
+    """(row, value) pairs of the non-blank rows, `row` as `TaskDataError` takes it: dicts for
+    JSON, JSONL and headed TSV/CSV, strings for text; a file that is not UTF-8 or a malformed
+    row is a `TaskDataError`."""
+    if file_format == "json":
+        yield from _json_array_rows(path)
+        return
+    if file_format in ("csv", "tsv"):
+        yield from _table_rows(path, "\t" if file_format == "tsv" else ",")
+        return
+    lines = [(number, text) for number, text in enumerate(LINE_BREAK.split(_decoded_text(path)), start=1)
+             if text.strip()]
+    if file_format == "text":
+        yield from lines
+        return
+    for number, text in lines:
+        try:
+            row = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise TaskDataError(path, number, f"malformed row, not JSON ({error.msg})") from None
+        yield _object_row(path, number, row)
+
+
+def _cell_answers(cell: str):
+    """A CSV/TSV cell holding a JSON list of strings (`["Paris", "paris, france"]`) as that
+    list; any other cell as it is."""
+    if cell.lstrip().startswith("["):
+        try:
+            value = json.loads(cell)
+        except json.JSONDecodeError:
+            return cell
+        if isinstance(value, list) and all(isinstance(item, str) for item in value):
+            return value
+    return cell
+
+
+def require_text(path, row: int | str, field: str, value, several: bool = False):
     """`value` if it is text (with `several`, a list of texts too); else a `TaskDataError`."""
     for item in value if several and isinstance(value, list) else [value]:
         if not isinstance(item, str):
             inside = " in the list" if item is not value else ""
-            raise TaskDataError(path, line, f"{_json_kind(item)}{inside}, not text", field)
+            raise TaskDataError(path, row, f"{_json_kind(item)}{inside}, not text", field)
     return value
 
 
 def read_examples(path, fields: dict | None = None, file_format: str | None = None) -> list[dict]:
     """Examples `{"inputs", "targets", "answers"}` (or `{"targets"}` for text) from one file.
 
-    `fields` maps `inputs`, `targets` and optionally `answers` (a list of accepted answers,
-    JSONL only) to column names or JSON keys.
+    `fields` maps `inputs`, `targets` and optionally `answers` to column names or JSON keys;
+    `targets` and `answers` may hold several accepted answers (see `register_task`).
     """
     path = pathlib.Path(path)
     file_format = file_format or FORMATS.get(path.suffix.lower())
@@ -115,7 +169,9 @@ def read_examples(path, fields: dict | None = None, file_format: str | None = No
         for feature, key in fields.items():
             if key not in row:
                 raise TaskDataError(path, number, f"missing field (the row has {sorted(row)})", key)
-            example[feature] = require_text(path, number, key, row[key], several=feature != "inputs")
+            several = feature != "inputs"
+            value = _cell_answers(row[key]) if several and file_format in ("csv", "tsv") else row[key]
+            example[feature] = require_text(path, number, key, value, several=several)
         accepted = example["targets"] if isinstance(example["targets"], list) else [example["targets"]]
         example["targets"] = accepted[0] if accepted else ""  # several answers: the first is the target
         if not example["targets"].strip():
@@ -159,9 +215,14 @@ def register_task(name: str, files, *, fields: dict | None = None, file_format: 
 
     files: one path, or `{split: path}`; with one path, `split_ratio` (e.g. 0.9) carves a
         deterministic validation split out of it.
-    fields: feature -> column or key, e.g. `{"inputs": "question", "targets": "answer"}`; a
-        JSON list as target means several answers, the first one the target;
+    fields: feature -> column or key, e.g. `{"inputs": "question", "targets": "answer"}`;
         not used for plain text, which becomes a span-corruption task, one example a line.
+        Several accepted answers: a list of strings as the `targets` (or `answers`) value in
+        JSONL and JSON, or a CSV/TSV cell holding a JSON list of strings, e.g.
+        `["Paris", "paris, france"]`. The first is the target; the `squad` metric counts a
+        prediction right if it matches any of them (or of `answers`).
+    file_format: `tsv`, `csv`, `json` (an array of objects), `jsonl` or `text`; default: from
+        the file name's suffix.
     objective: `supervised` or `span_corruption` (default: span corruption for text only).
     metric: `squad` (EM/F1, every answer in `answers`), `accuracy`, `bleu` or None.
     vocabulary: `facts`, `byte`, `t5` or a SentencePiece model path.
@@ -174,7 +235,8 @@ def register_task(name: str, files, *, fields: dict | None = None, file_format: 
     is_text = (file_format or FORMATS.get(formats.pop() if len(formats) == 1 else "")) == "text"
     objective = objective or ("span_corruption" if is_text else "supervised")
     if not is_text and not fields:
-        raise ValueError(f"task {name!r}: pass fields={{'inputs': ..., 'targets': ...}} for {sorted(paths.values())}")
+        raise ValueError(f"task {name!r}: {', '.join(map(str, paths.values()))} needs fields: the column or "
+                         "JSON key of 'inputs' and of 'targets'")
     examples = {split: read_examples(path, fields, file_format) for split, path in paths.items()}
     if split_ratio is not None:
         if len(examples) != 1:
