@@ -311,14 +311,37 @@ def rank_classify(model, encoder_input_tokens, option_tokens, *, mesh=None) -> t
 
 
 # -- strings in, strings out ------------------------------------------------------------------
-def task_prefix(task) -> str:
-    """The text prefix a t5nb task's preprocessors add to `inputs` ("" if none, or a mixture)."""
+def _shared(task, what: str, value_of, describe=repr):
+    """`value_of(task)`; for a mixture, the value all its tasks share, or a ValueError naming
+    each task's (`describe`d)."""
+    import seqio
+
+    if not isinstance(task, seqio.Mixture):
+        return value_of(task)
+    values = {sub.name: value_of(sub) for sub in task.tasks}
+    first = next(iter(values.values()))
+    if any(value != first for value in values.values()):
+        raise ValueError(f"the tasks of mixture {task.name!r} differ in {what} ("
+                         + ", ".join(f"{name}: {describe(value)}" for name, value in values.items())
+                         + f"); strings in, strings out needs one {what}: use one of its tasks")
+    return first
+
+
+def _own_prefix(task) -> str:
     from t5nb.tasks.recipes import add_prefix
 
-    for preprocessor in getattr(task, "preprocessors", ()):  # a seqio.Mixture has none of its own
+    for preprocessor in task.preprocessors:
         if isinstance(preprocessor, functools.partial) and preprocessor.func is add_prefix:
             return preprocessor.keywords["prefix"]
     return ""
+
+
+def task_prefix(task) -> str:
+    """The text prefix a t5nb task's preprocessors add to `inputs` ("" if none); a mixture's is
+    the one its tasks share (a ValueError names each task's if they differ)."""
+    from t5nb.tasks import get_task
+
+    return _shared(get_task(task), "input prefix", _own_prefix)
 
 
 def encode_texts(vocabulary, texts, length: int) -> np.ndarray:
@@ -342,18 +365,24 @@ class Predictor:
 
         ask = Predictor(model, "facts_qa")
         ask(["Where was Ada Klimberg born?"])   # ['Havana']
+
+    A mixture's tasks must share their prefix and vocabularies (as `closed_book_qa`'s do);
+    otherwise it is refused, naming each task's.
     """
 
     def __init__(self, model, task, *, input_length: int = 128, max_decode_length: int = 32,
                  batch_size: int = 8, method: str = "greedy", mesh=None, **options):
-        from t5nb.tasks import check_vocabulary, get_task
+        from t5nb.tasks import check_vocabulary, describe_vocabulary, get_task
 
         self.model, self.task = model, get_task(task)
+        self.input_vocabulary, self.vocabulary = (
+            _shared(self.task, f"{feature} vocabulary", describe=describe_vocabulary,
+                    value_of=lambda sub, feature=feature: sub.output_features[feature].vocabulary)
+            for feature in ("inputs", "targets"))
+        self.prefix = task_prefix(self.task)
         check_vocabulary(model.config.vocab_size, self.task)
         _check_settings(input_length=input_length, batch_size=batch_size)
         check_decoding(method, max_decode_length, **options)
-        self.vocabulary = self.task.output_features["targets"].vocabulary
-        self.prefix = task_prefix(self.task)
         self.input_length, self.max_decode_length, self.batch_size = input_length, max_decode_length, batch_size
         self.method, self.mesh, self.options = method, mesh, options
 
@@ -363,7 +392,7 @@ class Predictor:
             if not isinstance(text, str):
                 raise TypeError(f"input {index} is a {type(text).__name__}, not a string: {text!r:.80}")
         texts = [t if t.startswith(self.prefix) else self.prefix + t for t in texts]
-        return encode_texts(self.task.output_features["inputs"].vocabulary, texts, self.input_length)
+        return encode_texts(self.input_vocabulary, texts, self.input_length)
 
     def generate(self, encoder_input_tokens) -> tuple[np.ndarray, np.ndarray]:
         """Sequences [n, L] and scores [n] in fixed-size batches (one compiled program)."""

@@ -3,6 +3,7 @@
 - `infer_eval`: decode a task's split, apply its postprocessor and its own `metric_fns`, log
   the metrics to TensorBoard under `<model_dir>/inference_eval/<task>` and write predictions
   (input, target, prediction, score) to `<model_dir>/inference_eval/<task>-<step>.jsonl`.
+  A mixture is evaluated task by task; its own metrics are their means (`mixture_metrics`).
 - `results_table`: the metrics by checkpoint step read back from the TensorBoard logs, as a
   pandas DataFrame and `results.csv` (T5's `parse_tb`).
 - `load_model` / `evaluate_checkpoints` / `infer_file`: T5X's `eval.py` and `infer.py`, for a
@@ -50,9 +51,13 @@ def check_split(task, split: str) -> None:
         raise ValueError(f"task {task.name!r} has no split {split!r}; its splits: {', '.join(task.splits)}")
 
 
-def task_examples(task, feature_lengths: dict, split: str = "validation", max_examples: int | None = None) -> list:
-    """The task's preprocessed examples of `split`, in order (numpy; tokens trimmed to the lengths)."""
+def task_examples(task, feature_lengths: dict, split: str = "validation",
+                  max_examples: int | None = None) -> list | dict:
+    """The task's preprocessed examples of `split`, in order (numpy; tokens trimmed to the lengths);
+    for a mixture, a dict task name -> the examples of each of its tasks (`max_examples` each)."""
     task = get_task(task)
+    if isinstance(task, seqio.Mixture):
+        return {sub.name: task_examples(sub, feature_lengths, split, max_examples) for sub in task.tasks}
     check_split(task, split)
     if max_examples is not None and not (isinstance(max_examples, int) and max_examples > 0):
         raise ValueError(f"max_examples must be a positive whole number (or None: all), got {max_examples!r}")
@@ -65,10 +70,44 @@ def task_examples(task, feature_lengths: dict, split: str = "validation", max_ex
     return examples
 
 
-def compute_metrics(task, examples: list, predictions: list[str], scores=None) -> tuple[list, list, dict]:
+def _require_by_task(mixture, **values) -> None:
+    """Refuse any of `values` that is not a dict with one entry per task of `mixture`."""
+    names = [sub.name for sub in mixture.tasks]
+    for what, value in values.items():
+        if not (isinstance(value, dict) and sorted(value) == names):
+            got = f"keys {', '.join(map(str, value))}" if isinstance(value, dict) else f"a {type(value).__name__}"
+            raise ValueError(f"for mixture {mixture.name!r}, {what} must be a dict task name -> its {what} for "
+                             f"each of its tasks ({', '.join(names)}), as task_examples gives the examples; got {got}")
+
+
+def mixture_metrics(metrics_by_task: dict) -> dict:
+    """A mixture's metrics from its tasks': each task's as `<task>/<metric>`, and the mixture's own
+    `<metric>`, the mean over the tasks that report it (so `metrics["em"]` reads alike for a task
+    and a mixture)."""
+    values = {}
+    for metrics in metrics_by_task.values():
+        for name, value in metrics.items():
+            values.setdefault(name, []).append(value)
+    return ({f"{task}/{name}": value for task, metrics in metrics_by_task.items() for name, value in metrics.items()}
+            | {name: float(np.mean(each)) for name, each in values.items()})
+
+
+def compute_metrics(task, examples: list | dict, predictions: list[str] | dict,
+                    scores=None) -> tuple[list | dict, list | dict, dict]:
     """As seqio's Evaluator: postprocess targets and predictions with the task's postprocessor,
-    then apply its metric functions. Returns (targets, predictions, metrics)."""
+    then apply its metric functions. Returns (targets, predictions, metrics).
+
+    For a mixture, `examples`, `predictions` and `scores` are dicts task name -> those of each of
+    its tasks (as `task_examples` gives the examples), each scored by its own task; targets and
+    predictions come back as such dicts, and the metrics as `mixture_metrics` names them."""
     task = get_task(task)
+    if isinstance(task, seqio.Mixture):
+        _require_by_task(task, examples=examples, predictions=predictions,
+                         **({} if scores is None else {"scores": scores}))
+        results = {sub.name: compute_metrics(sub, examples[sub.name], predictions[sub.name],
+                                             None if scores is None else scores[sub.name]) for sub in task.tasks}
+        targets, predictions, metrics = ({name: result[part] for name, result in results.items()} for part in range(3))
+        return targets, predictions, mixture_metrics(metrics)
     targets = [task.postprocess_fn(_text(ex["targets_pretokenized"]), example=ex, is_target=True) for ex in examples]
     predictions = [task.postprocess_fn(p, example=ex, is_target=False) for p, ex in zip(predictions, examples)]
     metrics = {}
@@ -79,18 +118,17 @@ def compute_metrics(task, examples: list, predictions: list[str], scores=None) -
     return targets, predictions, {name: float(getattr(value, "value", value)) for name, value in metrics.items()}
 
 
-def infer_eval(model, task, model_dir, *, step: int, feature_lengths: dict, batch_size: int = 8,
-               split: str = "validation", max_examples: int | None = None, method: str = "greedy",
-               mesh=None, **options) -> dict:
-    """Decode `split` of `task`, score it with the task's metrics, log them at `step`, write the
-    predictions JSONL; return the metrics. `options` go to the decoding `method`."""
-    task = get_task(task)
-    if not {"inputs", "targets"} <= set(feature_lengths):
-        raise ValueError(f"feature_lengths={feature_lengths!r} needs an 'inputs' and a 'targets' length")
-    predictor = Predictor(model, task, input_length=feature_lengths["inputs"], batch_size=batch_size,
-                          max_decode_length=feature_lengths["targets"], method=method, mesh=mesh, **options)
-    examples = task_examples(task, feature_lengths, split, max_examples)
-    inputs = np.zeros((len(examples), feature_lengths["inputs"]), np.int32)
+def _log_scalars(model_dir, name: str, step: int, scalars: dict) -> None:
+    """TensorBoard scalars at `step` in `<model_dir>/inference_eval/<name>` (process 0 writes)."""
+    writer = metric_writers.create_default_writer(str(pathlib.Path(model_dir) / "inference_eval" / name),
+                                                  just_logging=jax.process_index() > 0, asynchronous=False)
+    writer.write_scalars(step, scalars)
+    writer.close()
+
+
+def _decode_and_score(task, predictor: Predictor, examples: list, model_dir, step: int) -> dict:
+    """`infer_eval` of one task: decode, score, write the predictions JSONL, log the metrics."""
+    inputs = np.zeros((len(examples), predictor.input_length), np.int32)
     for row, example in enumerate(examples):
         inputs[row, : len(example["inputs"])] = example["inputs"]
     sequences, scores = predictor.generate(inputs)
@@ -102,10 +140,33 @@ def infer_eval(model, task, model_dir, *, step: int, feature_lengths: dict, batc
             for example, target, prediction, seq_score in zip(examples, targets, predictions, scores):
                 f.write(json.dumps({"input": _text(example["inputs_pretokenized"]), "target": _text(target),
                                     "prediction": _text(prediction), "score": float(seq_score)}) + "\n")
-    writer = metric_writers.create_default_writer(str(pathlib.Path(model_dir) / "inference_eval" / task.name),
-                                                  just_logging=jax.process_index() > 0, asynchronous=False)
-    writer.write_scalars(step, metrics)
-    writer.close()
+    _log_scalars(model_dir, task.name, step, metrics)
+    return metrics
+
+
+def infer_eval(model, task, model_dir, *, step: int, feature_lengths: dict, batch_size: int = 8,
+               split: str = "validation", max_examples: int | None = None, method: str = "greedy",
+               mesh=None, **options) -> dict:
+    """Decode `split` of `task`, score it with the task's metrics, log them at `step`, write the
+    predictions JSONL; return the metrics. `options` go to the decoding `method`.
+
+    A mixture: each of its tasks so (`max_examples` each, its own JSONL and TensorBoard folder);
+    the metrics as `mixture_metrics` names them, whose means are also logged under
+    `inference_eval/<mixture>`."""
+    task = get_task(task)
+    if not {"inputs", "targets"} <= set(feature_lengths):
+        raise ValueError(f"feature_lengths={feature_lengths!r} needs an 'inputs' and a 'targets' length")
+    evaluations = [  # every task's settings and split checked before any decoding
+        (sub, Predictor(model, sub, input_length=feature_lengths["inputs"], batch_size=batch_size,
+                        max_decode_length=feature_lengths["targets"], method=method, mesh=mesh, **options),
+         task_examples(sub, feature_lengths, split, max_examples))
+        for sub in (task.tasks if isinstance(task, seqio.Mixture) else [task])]
+    metrics = {sub.name: _decode_and_score(sub, predictor, examples, model_dir, step)
+               for sub, predictor, examples in evaluations}
+    if not isinstance(task, seqio.Mixture):
+        return metrics[task.name]
+    metrics = mixture_metrics(metrics)
+    _log_scalars(model_dir, task.name, step, {name: v for name, v in metrics.items() if "/" not in name})
     return metrics
 
 

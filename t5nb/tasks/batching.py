@@ -150,10 +150,21 @@ def _text(value) -> str | list:
     return [_text(v) for v in value] if isinstance(value, list) else value
 
 
-def preview(task, feature_lengths: dict | None = None, split: str = "train", index: int = 0) -> Preview:
-    """Example `index` of `split`: raw -> preprocessed -> token ids -> pieces."""
+class Previews(dict):
+    """A mixture's preview: task name -> the `Preview` of each of its tasks; printed, each under
+    its `[task name]`."""
+
+    def __str__(self) -> str:
+        return "\n\n".join(f"[{name}]\n{shown}" for name, shown in self.items())
+
+
+def preview(task, feature_lengths: dict | None = None, split: str = "train", index: int = 0) -> Preview | Previews:
+    """Example `index` of `split`: raw -> preprocessed -> token ids -> pieces; for a mixture,
+    `Previews` of example `index` of each of its tasks."""
     task = get_task(task)
     feature_lengths = feature_lengths or {"inputs": 128, "targets": 32}
+    if isinstance(task, seqio.Mixture):
+        return Previews({sub.name: preview(sub, feature_lengths, split, index) for sub in task.tasks})
     source = task.source.get_dataset(split=split, shuffle=False)
     raw = next(source.skip(index).take(1).as_numpy_iterator())
     example = next(task.get_dataset(feature_lengths, split=split, shuffle=False, seed=0)
