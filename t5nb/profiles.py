@@ -1,6 +1,6 @@
 """Profiles: one small table that tells every notebook how big to go on this machine.
 
-`T5NB_PROFILE=ci|cpu|accelerator` picks one; unset, t5nb looks at JAX's default backend.
+`T5NB_PROFILE=ci|cpu|accelerator|rehearsal` picks one; unset, t5nb looks at JAX's default backend.
 """
 import dataclasses
 import os
@@ -28,6 +28,7 @@ class Profile:
     finetune_targets_length: int
     eval_examples: int | None  # validation examples decoded per evaluation (None: all)
     matmul_size: int  # side of the square matmul 00_setup times
+    official_checkpoint: str | None = None  # a published T5.1.1 model of this vocabulary (03, 04)
 
 
 PROFILES = {
@@ -84,8 +85,17 @@ PROFILES = {
         finetune_targets_length=32,
         eval_examples=None,
         matmul_size=8192,
+        official_checkpoint="hf://google/t5-v1_1-small",
     ),
 }
+# The accelerator course shrunk to run on CPU: the same tasks, sources, loaders and notebook
+# calls, with only the sizes changed. CI runs it on 8 simulated devices with the remote
+# sources swapped for stand-ins (`T5NB_STANDINS`, see t5nb.remote) before Colab ever does.
+PROFILES["rehearsal"] = dataclasses.replace(
+    PROFILES["accelerator"], name="rehearsal",
+    description="The accelerator course at toy sizes (CI's dress rehearsal of the Colab path).",
+    model="t5.1.1-tiny", batch_size=8, inputs_length=64, targets_length=16, pretrain_steps=8,
+    finetune_steps=4, finetune_inputs_length=32, finetune_targets_length=8, eval_examples=8, matmul_size=256)
 
 
 def detect_profile_name() -> str:

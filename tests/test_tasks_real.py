@@ -1,31 +1,37 @@
-"""T5's real tasks offline: TFDS mock data, and the real JSONL/text files in $T5NB_DATA_DIR."""
+"""T5's real tasks read through stand-ins of their remote sources, and the real JSONL/text files
+in $T5NB_DATA_DIR."""
+import urllib.error
+
 import numpy as np
 import pytest
-import seqio
-import tensorflow_datasets as tfds
 
 import t5nb.tasks as tasks
+from t5nb import remote
+from t5nb.tasks import real
 from t5nb.tasks.real import read_triviaqa_jsonl
+from standins import write_standins
 
 LENGTHS = {"inputs": 64, "targets": 16}
 DATA = tasks.shared_data_dir()
 needs_data = pytest.mark.skipif(not (DATA / "vocab").is_dir(), reason=f"no real data files at {DATA} (set T5NB_DATA_DIR)")
 
 
+@pytest.fixture(scope="module")
+def standins(tmp_path_factory):
+    return write_standins(tmp_path_factory.mktemp("standins"))
+
+
 @pytest.fixture
-def mock_tfds(monkeypatch):
-    """Random TFDS examples; mock builders have no split sizes, which mixture rates need."""
-    monkeypatch.setattr(seqio.TfdsDataSource, "splits", property(lambda self: ("train", "validation")))
-    monkeypatch.setattr(seqio.TfdsDataSource, "num_input_examples", lambda self, split: 3)
-    with tfds.testing.mock_data(num_examples=3):
-        yield
+def use_standins(standins, monkeypatch):
+    monkeypatch.setenv(remote.STANDINS_ENV, str(standins))
+    return standins
 
 
 @pytest.mark.parametrize("name, split", [
     ("c4_span_corruption_byte", "train"), ("wmt14_ende_byte", "validation"), ("nq_open_byte", "validation"),
     ("triviaqa_nocontext_byte", "validation"), ("closed_book_qa_byte", "train"),
 ])
-def test_real_tasks_yield_declared_shapes_on_mock_data(mock_tfds, name, split):
+def test_real_tasks_yield_declared_shapes_from_their_standins(use_standins, name, split):
     batch = next(tasks.BatchIterator(name, LENGTHS, 2, split=split, shuffle=False, try_in_mem_cache=False))
     assert {k: (v.shape, v.dtype) for k, v in batch.items() if k.startswith("encoder_input")} == {
         "encoder_input_tokens": ((2, 64), np.int32)}
@@ -33,11 +39,44 @@ def test_real_tasks_yield_declared_shapes_on_mock_data(mock_tfds, name, split):
     assert ("encoder_segment_ids" in batch) == name.startswith("c4")
 
 
-def test_real_recipes():
-    wmt = tasks.get_task("wmt14_ende")
-    assert wmt.source.tfds_dataset.name == "wmt_t2t_translate/de-en:1.0.0" and wmt.metric_fns[0].__name__ == "bleu"
-    assert tasks.get_task("c4_span_corruption").source.tfds_dataset.name == "c4/en:2.2.0"
+def test_real_sources_keep_every_answer_and_the_recipes(use_standins):
+    shown = tasks.preview("triviaqa_nocontext_byte", LENGTHS, split="validation")
+    assert shown.raw["targets"] in shown.raw["answers"] and shown.preprocessed["inputs"].startswith("trivia question: ")
+    wmt = tasks.preview("wmt14_ende_byte", LENGTHS, split="validation").preprocessed
+    assert wmt["inputs"].startswith("translate English to German: ") and tasks.get_task("wmt14_ende").metric_fns[0].__name__ == "bleu"
     assert [t.name for t in tasks.get_task("closed_book_qa").tasks] == ["nq_open", "triviaqa_nocontext"]
+    rates = {t.name: tasks.get_task("closed_book_qa").get_rate(t) for t in tasks.get_task("closed_book_qa").tasks}
+    assert rates == {name: tasks.get_task(name).num_input_examples("train") for name in rates}  # by size
+
+
+def test_missing_standin_names_the_url_and_what_to_do(tmp_path, monkeypatch):
+    monkeypatch.setenv(remote.STANDINS_ENV, str(tmp_path))
+    with pytest.raises(remote.SourceUnreachable, match=r"hf://datasets/wmt/wmt14/de-en/validation-00000-of-00001.parquet: "
+                                                       r"no stand-in at .*python tests/standins.py"):
+        tasks.BatchIterator("wmt14_ende_byte", LENGTHS, 2, split="validation")
+
+
+def test_unreachable_source_stops_with_one_message(tmp_path, monkeypatch):
+    """No network: the error names the URL and what to do; nothing else is read instead."""
+    import huggingface_hub
+
+    def offline(*args, **kwargs):
+        raise huggingface_hub.errors.LocalEntryNotFoundError("Cannot reach the Hub: connection refused")
+
+    def no_web(*args, **kwargs):
+        raise urllib.error.URLError("Temporary failure in name resolution")
+
+    monkeypatch.delenv(remote.STANDINS_ENV, raising=False)
+    monkeypatch.setenv("T5NB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", offline)
+    monkeypatch.setattr(remote.urllib.request, "urlopen", no_web)
+    with pytest.raises(remote.SourceUnreachable, match=r"could not download hf://datasets/mandarjoshi/trivia_qa/"
+                                                       r".*Cannot reach the Hub.*internet access"):
+        remote.fetch(real.TRIVIAQA["validation"][0])
+    with pytest.raises(remote.SourceUnreachable, match=r"could not download https://raw.githubusercontent.com/.*"
+                                                       r"NQ-open.dev.jsonl: .*name resolution"):
+        remote.fetch(real.NQ_OPEN["validation"][0])
+    assert not list(tmp_path.rglob("*.jsonl"))  # no partial file left under the real name
 
 
 @needs_data

@@ -2,7 +2,7 @@
 
 `get_vocabulary(name)` takes `"facts"` (trained by t5nb on the corpus in `data/`), `"byte"`
 (no file), `"t5"` (the official `cc_all.32000` model: `$T5NB_DATA_DIR` if it has a copy,
-else T5's public bucket) or a path to any SentencePiece `.model` file. `check_vocabulary`
+else `OFFICIAL_SPM_URL` on the Hub, fetched on first use) or a path to any SentencePiece `.model` file. `check_vocabulary`
 refuses a model whose embedding does not fit a task's vocabulary.
 """
 import io
@@ -11,7 +11,8 @@ import pathlib
 
 import seqio
 import sentencepiece
-import t5.data
+
+from t5nb import remote
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA_DIR = REPO_ROOT / "data"
@@ -20,6 +21,7 @@ FACTS_VOCAB_SIZE = 1024  # pieces; seqio adds EXTRA_IDS sentinels on top
 EXTRA_IDS = 100
 PUNCTUATION = ".,?:"  # always pieces of their own
 OFFICIAL_SPM_NAME = "vocab/cc_all.32000.sentencepiece.model"
+OFFICIAL_SPM_URL = "hf://google/t5-v1_1-small/spiece.model"  # the same file as gs://t5-data/vocabs/cc_all.32000
 EMBEDDING_MULTIPLE = 128  # T5 pads its embedding table: 32100 ids in 32128 rows
 
 
@@ -51,9 +53,19 @@ def train_vocabulary(texts, model_prefix, vocab_size: int = FACTS_VOCAB_SIZE) ->
 
 
 def official_spm_path() -> str:
-    """The official T5 SentencePiece model: the local copy in `$T5NB_DATA_DIR` if present."""
+    """The official T5 SentencePiece model: the local copy in `$T5NB_DATA_DIR` if present (and
+    no stand-ins replace remote sources), else its Hub URL."""
     local = shared_data_dir() / OFFICIAL_SPM_NAME
-    return str(local) if local.exists() else t5.data.DEFAULT_SPM_PATH
+    return str(local) if local.exists() and remote.standins_dir() is None else OFFICIAL_SPM_URL
+
+
+class FetchedVocabulary(seqio.SentencePieceVocabulary):
+    """A SentencePiece model named by a remote URL: fetched when first used, never at import."""
+
+    def _model_context(self):
+        if self._model is None and "://" in self._sentencepiece_model_file:
+            self._sentencepiece_model_file = remote.fetch(self._sentencepiece_model_file)
+        return super()._model_context()
 
 
 def get_vocabulary(name: str = "facts") -> seqio.Vocabulary:
@@ -63,7 +75,9 @@ def get_vocabulary(name: str = "facts") -> seqio.Vocabulary:
         return seqio.ByteVocabulary()  # ByT5's: sentinels are the top ids, never valid UTF-8
     path = {"facts": str(FACTS_SPM_PATH), "t5": None}.get(name, name)
     path = path or official_spm_path()
-    if not path.startswith("gs://") and not pathlib.Path(path).is_file():
+    if "://" in path:
+        return FetchedVocabulary(path, extra_ids=EXTRA_IDS)
+    if not pathlib.Path(path).is_file():
         raise FileNotFoundError(f"vocabulary {name!r}: no SentencePiece model file {path!r}; use 'facts', "
                                 "'byte', 't5' or the path of a .model file")
     return seqio.SentencePieceVocabulary(path, extra_ids=EXTRA_IDS)
