@@ -27,9 +27,19 @@ $(VENV)/.test: $(VENV)/.base requirements/test.lock
 course: $(VENV)/.base
 	$(PY) -m t5nb course --fresh --out runs
 
-# All tests: pytest on tests/ and nbval (lax) on every notebook with the CI profile.
+# All tests: pytest on tests/ and nbval (lax) on every notebook with the CI profile, in fresh
+# run folders; then the dress rehearsal of the Colab path: every notebook with the accelerator
+# course's tasks, sources and calls at toy sizes (profile `rehearsal`) on 8 simulated devices,
+# every remote source read from its local stand-in (needs the official vocabulary in T5NB_DATA_DIR).
+STANDINS := runs/standins
 test: $(VENV)/.test
-	T5NB_PROFILE=ci $(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env
+	rm -rf runs/test-ci runs/test-rehearsal $(STANDINS)
+	T5NB_PROFILE=ci T5NB_RUNS_DIR=runs/test-ci $(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env
+	$(PY) tests/standins.py $(STANDINS)
+	@if [ -f $(STANDINS)/hf/google/t5-v1_1-small/spiece.model ]; then \
+	  set -x; T5NB_PROFILE=rehearsal T5NB_STANDINS=$(STANDINS) T5NB_RUNS_DIR=runs/test-rehearsal \
+	  XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest notebooks --nbval-lax --nbval-current-env; \
+	else echo "rehearsal skipped: no official T5 vocabulary in T5NB_DATA_DIR ($${T5NB_DATA_DIR:-../shared/data})"; fi
 
 # Train-step throughput and MFU vs Hugging Face PyTorch T5 (docs/benchmarks.md); BENCH_ARGS=--quick.
 bench: $(VENV)/.test

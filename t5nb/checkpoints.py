@@ -1,4 +1,5 @@
-"""Checkpoint converters: Hugging Face T5 (config.json + model.safetensors) and T5X <-> t5nb.
+"""Checkpoint converters: Hugging Face T5 (config.json + safetensors, Flax msgpack or PyTorch
+weights, local or `hf://<org>/<repo>`) and T5X <-> t5nb.
 
 Parameters travel as T5X's `target` tree: nested dicts of numpy arrays keyed like
 `{"encoder": {"layers_0": {"attention": {"query": {"kernel": ...}}}}}`, which is exactly
@@ -6,6 +7,7 @@ t5nb's parameter layout. `HF_NAME_TABLE` is the one table between T5X and Huggin
 """
 import json
 import os
+import pickle
 import re
 import warnings
 
@@ -16,6 +18,7 @@ import safetensors.numpy
 import tensorstore as ts
 from flax import nnx, serialization
 
+from t5nb import remote
 from t5nb.config import T5Config
 from t5nb.model import Transformer
 
@@ -45,7 +48,13 @@ _HF_PROJECTIONS = {".query.": ".q.", ".key.": ".k.", ".value.": ".v.", ".out.": 
 _HF_ALIASES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")  # copies of shared.weight
 _HF_ACTIVATIONS = {"relu": ("relu",), "gated-gelu": ("gelu", "linear"), "gated-relu": ("relu", "linear")}
 _HF_REQUIRED = ("vocab_size", "d_model", "num_heads", "num_layers", "d_kv", "d_ff")
-HF_DIR = "a Hugging Face T5 directory holds config.json and model.safetensors"
+# The weights files a Hugging Face repository may ship, in the order `load_hf` prefers them; a
+# `<name>.index.json` maps tensor names to the shards of `<name>`.
+HF_WEIGHTS = ("model.safetensors.index.json", "model.safetensors", "flax_model.msgpack.index.json",
+              "flax_model.msgpack", "pytorch_model.bin.index.json", "pytorch_model.bin")
+HF_DIR = ("a Hugging Face T5 directory holds config.json and model.safetensors, flax_model.msgpack or "
+          "pytorch_model.bin (or the shard index of one)")
+_FLAX_LEAVES = ("kernel", "embedding", "weight")  # transformers' Flax T5: Dense, Embed, T5LayerNorm
 
 
 class CheckpointError(ValueError):
@@ -147,9 +156,11 @@ def model_params(model: Transformer) -> dict[str, np.ndarray]:
 
 # -- Hugging Face --------------------------------------------------------------------------------
 def config_from_hf(hf: dict) -> T5Config:
-    """t5nb config from a Hugging Face T5 `config.json` dict (T5 1.0 and T5.1.1 layouts)."""
-    proj = hf.get("feed_forward_proj", "relu")
-    if hf.get("model_type", "t5") != "t5" or proj not in _HF_ACTIVATIONS:
+    """t5nb config from a Hugging Face `config.json` dict: T5 1.0 (relu, tied), T5.1.1, FLAN-T5,
+    ByT5 and mT5 (`model_type` "mt5") layouts. `dense_act_fn` and `is_gated_act` are ignored, as
+    transformers derives them from `feed_forward_proj`."""
+    proj, model_type = hf.get("feed_forward_proj", "relu"), hf.get("model_type", "t5")
+    if model_type not in ("t5", "mt5") or proj not in _HF_ACTIVATIONS:
         raise CheckpointError(f"unsupported Hugging Face layout: model_type={hf.get('model_type')!r}, "
                               f"feed_forward_proj={proj!r} (t5nb reads T5 with {sorted(_HF_ACTIVATIONS)})")
     if hf.get("layer_norm_epsilon", 1e-6) != 1e-6:
@@ -158,8 +169,9 @@ def config_from_hf(hf: dict) -> T5Config:
     if missing:
         raise CheckpointError(f"the Hugging Face config lacks {', '.join(missing)}")
     # transformers v5 writes `tie_word_embeddings: true` always and keeps the T5.1.1 flag as
-    # `scale_decoder_outputs: false`; older configs say `tie_word_embeddings: false`.
-    tied = hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
+    # `scale_decoder_outputs: false`; older configs say `tie_word_embeddings: false`. mT5 is never
+    # tied nor rescaled (published configs say false; v5 writes true and ignores it).
+    tied = model_type == "t5" and hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))
     return T5Config(
         vocab_size=hf["vocab_size"], emb_dim=hf["d_model"], num_heads=hf["num_heads"],
         num_encoder_layers=hf["num_layers"],
@@ -208,36 +220,91 @@ def _load_safetensors(path: str) -> dict[str, np.ndarray]:
         raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
 
 
-def _read_safetensors(directory: str) -> dict[str, np.ndarray]:
-    """`model.safetensors`, or the shards listed in `model.safetensors.index.json`."""
-    index = os.path.join(directory, "model.safetensors.index.json")
-    if not os.path.exists(index):
-        return _load_safetensors(os.path.join(directory, "model.safetensors"))
+def _load_msgpack(path: str) -> dict[str, np.ndarray]:
+    """One `flax_model.msgpack` (or shard) of transformers' Flax T5, in its PyTorch names and layout:
+    `encoder/block/0/layer/0/SelfAttention/q/kernel` [in, out] -> `encoder.block.0.layer.0.
+    SelfAttention.q.weight` [out, in]; `.../embedding` and `.../weight` (norms) -> `.../weight`."""
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        tree = serialization.msgpack_restore(data)
+    except ValueError as error:  # msgpack's errors for bytes that are not one msgpack value
+        raise CheckpointError(f"{path}: not a readable msgpack file ({error})") from None
+    if not isinstance(tree, dict):
+        raise CheckpointError(f"{path}: holds a {type(tree).__name__}, not a tree of Flax parameters")
+    tensors = {}
+    for name, array in flatten(tree).items():
+        stem, _, leaf = name.rpartition("/")
+        if leaf in _FLAX_LEAVES:
+            name = stem.replace("/", ".") + ".weight"
+        tensors[name] = array.T if leaf == "kernel" else array  # other names: reported as unexpected
+    return tensors
+
+
+def _load_torch(path: str) -> dict[str, np.ndarray]:
+    """One `pytorch_model.bin` (or shard), read with torch (imported here only) as tensors only:
+    the pickle may name no other object."""
+    try:
+        import torch
+    except ImportError:
+        raise ImportError(f"{path}: reading pytorch_model.bin needs PyTorch (pip install torch); or load a "
+                          "repository that has model.safetensors or flax_model.msgpack") from None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (RuntimeError, pickle.UnpicklingError, EOFError) as error:
+        # torch's message for a refused object advises loading it unsafely: keep only the cause
+        reason = (str(error).partition("WeightsUnpickler error:")[2].strip() or str(error).strip()
+                  or type(error).__name__)
+        raise CheckpointError(f"{path}: not a readable PyTorch state dict of tensors "
+                              f"({reason.splitlines()[0].split('. ')[0]})") from None
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise CheckpointError(f"{path}: holds a {type(state).__name__}, not a state dict of tensors")
+    return {name: tensor.float().numpy() for name, tensor in state.items()}
+
+
+_HF_READERS = {"model.safetensors": _load_safetensors, "flax_model.msgpack": _load_msgpack,
+               "pytorch_model.bin": _load_torch}
+
+
+def _read_weights(name: str, local) -> dict[str, np.ndarray]:
+    """Arrays by PyTorch name from `name` (one of `HF_WEIGHTS`), or from the shards its index
+    lists; `local(file)` is the local path of a file of the repository."""
+    if not name.endswith(".index.json"):
+        return _HF_READERS[name](local(name))
+    index = local(name)
     weight_map = _read_json(index).get("weight_map")
     if not isinstance(weight_map, dict):
         raise CheckpointError(f"{index}: no 'weight_map' of tensor names to shard files")
-    return {name: array for shard in sorted(set(weight_map.values()))
-            for name, array in _load_safetensors(os.path.join(directory, shard)).items()}
+    read = _HF_READERS[name.removesuffix(".index.json")]
+    return {tensor: array for shard in sorted(set(weight_map.values())) for tensor, array in read(local(shard)).items()}
 
 
-def _check_hf_dir(directory: str) -> None:
-    """Refuse a directory without config.json and model.safetensors (or its shard index),
-    naming what it holds."""
-    if not os.path.isdir(directory):
-        problem = "not a directory" if os.path.exists(directory) else "no such directory"
-        raise FileNotFoundError(f"{directory}: {problem}; {HF_DIR}")
-    names = sorted(os.listdir(directory))
-    weights = {"model.safetensors", "model.safetensors.index.json"} & set(names)
-    if "config.json" not in names or not weights:
-        raise FileNotFoundError(f"{directory}: {HF_DIR} (or model.safetensors.index.json and its shards); "
-                                f"found {', '.join(names) or 'nothing'}")
+def hf_weights_file(names) -> str | None:
+    """The weights file `load_hf` reads among a repository's file `names` (the first of
+    `HF_WEIGHTS` there), or None."""
+    return next((name for name in HF_WEIGHTS if name in names), None)
 
 
-def read_hf_config(directory) -> T5Config:
-    """The t5nb config of a HF directory, whose files are checked to be there."""
-    directory = os.fspath(directory)
-    _check_hf_dir(directory)
-    config_path = os.path.join(directory, "config.json")
+def _hf_files(source: str):
+    """(weights file name, file name -> local path) of a Hugging Face directory or `hf://<org>/<repo>`;
+    refuses one without config.json or weights, naming what it holds."""
+    if source.startswith("hf://"):
+        url = source.rstrip("/")
+        names, local = remote.list_files(url), lambda name: remote.fetch(f"{url}/{name}")
+    elif os.path.isdir(source):
+        names, local = sorted(os.listdir(source)), lambda name: os.path.join(source, name)
+    else:
+        problem = "not a directory" if os.path.exists(source) else "no such directory"
+        raise FileNotFoundError(f"{source}: {problem}; {HF_DIR}")
+    weights = hf_weights_file(names)
+    if "config.json" not in names or weights is None:
+        raise FileNotFoundError(f"{source}: {HF_DIR}; found {', '.join(names) or 'nothing'}")
+    return weights, local
+
+
+def _hf_config(local) -> T5Config:
+    """The t5nb config of a repository's config.json (`local` as in `_hf_files`)."""
+    config_path = local("config.json")
     hf = _read_json(config_path)
     try:
         return config_from_hf(hf)
@@ -245,11 +312,17 @@ def read_hf_config(directory) -> T5Config:
         raise CheckpointError(f"{config_path}: {error}") from None
 
 
-def read_hf_checkpoint(directory) -> tuple[T5Config, dict[str, np.ndarray]]:
-    """(config, flat t5nb params) from a HF directory: config.json + model.safetensors (or shards)."""
-    directory = os.fspath(directory)
-    config = read_hf_config(directory)
-    tensors = _read_safetensors(directory)
+def read_hf_config(source) -> T5Config:
+    """The t5nb config of a Hugging Face directory or `hf://<org>/<repo>`, whose files are checked
+    to be there."""
+    return _hf_config(_hf_files(os.fspath(source))[1])
+
+
+def read_hf_checkpoint(source) -> tuple[T5Config, dict[str, np.ndarray]]:
+    """(config, flat t5nb params) from a Hugging Face directory or `hf://<org>/<repo>` (see `load_hf`)."""
+    weights, local = _hf_files(os.fspath(source))
+    config = _hf_config(local)
+    tensors = _read_weights(weights, local)
     for alias in _HF_ALIASES:
         tensors.pop(alias, None)
     shared, lm_head = tensors.get("shared.weight"), tensors.pop("lm_head.weight", None)
@@ -275,11 +348,12 @@ def read_hf_checkpoint(directory) -> tuple[T5Config, dict[str, np.ndarray]]:
     return config, flat
 
 
-def load_hf(directory) -> Transformer:
-    """A t5nb model from a Hugging Face T5 directory (config.json + model.safetensors); a
-    warning names any parameter that is not finite."""
-    model = model_from_params(*read_hf_checkpoint(directory))
-    warn_if_not_finite(model, directory)
+def load_hf(source) -> Transformer:
+    """A t5nb model from a Hugging Face T5 directory or Hub repository `hf://<org>/<repo>` (read
+    through `t5nb.remote`, so stand-ins work): config.json and the first of `HF_WEIGHTS` there.
+    Only PyTorch weights import torch. A warning names any parameter that is not finite."""
+    model = model_from_params(*read_hf_checkpoint(source))
+    warn_if_not_finite(model, source)
     return model
 
 

@@ -4,6 +4,7 @@
   the metrics to TensorBoard under `<model_dir>/inference_eval/<task>` and write predictions
   (input, target, prediction, score) to `<model_dir>/inference_eval/<task>-<step>.jsonl`.
   A mixture is evaluated task by task; its own metrics are their means (`mixture_metrics`).
+- `read_predictions`: those predictions back, as a pandas DataFrame.
 - `results_table`: the metrics by checkpoint step read back from the TensorBoard logs, as a
   pandas DataFrame and `results.csv` (T5's `parse_tb`).
 - `load_model` / `evaluate_checkpoints` / `infer_file`: T5X's `eval.py` and `infer.py`, for a
@@ -22,7 +23,7 @@ import seqio
 import tensorflow as tf
 from clu import metric_writers
 
-from t5nb.checkpoints import HF_DIR, load_hf, read_hf_config, warn_if_not_finite
+from t5nb.checkpoints import HF_DIR, hf_weights_file, load_hf, read_hf_config, warn_if_not_finite
 from t5nb.config import T5Config
 from t5nb.decode import Predictor
 from t5nb.tasks import check_vocabulary, get_task
@@ -144,6 +145,19 @@ def _decode_and_score(task, predictor: Predictor, examples: list, model_dir, ste
     return metrics
 
 
+def read_predictions(model_dir, task, step: int) -> pd.DataFrame:
+    """The predictions `infer_eval` wrote for `task` at `step` (input, target, prediction, score);
+    for a mixture, each of its tasks', named in a `task` column."""
+    task = get_task(task)
+    frames = []
+    for sub in task.tasks if isinstance(task, seqio.Mixture) else [task]:
+        path = pathlib.Path(model_dir) / "inference_eval" / f"{sub.name}-{step}.jsonl"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no predictions of {sub.name!r} at step {step} (infer_eval writes them)")
+        frames.append(pd.read_json(path, lines=True).assign(task=sub.name))
+    return pd.concat(frames, ignore_index=True)
+
+
 def infer_eval(model, task, model_dir, *, step: int, feature_lengths: dict, batch_size: int = 8,
                split: str = "validation", max_examples: int | None = None, method: str = "greedy",
                mesh=None, **options) -> dict:
@@ -232,7 +246,7 @@ def model_dir_kind(model_dir) -> str:
     if checkpoint_steps(model_dir):
         return "run"
     names = sorted(path.name for path in model_dir.iterdir())
-    if "config.json" in names and {"model.safetensors", "model.safetensors.index.json"} & set(names):
+    if "config.json" in names and hf_weights_file(names):
         return "hf"
     if {"checkpoints", "train"} & set(names):  # what `t5nb.train.train` writes
         raise FileNotFoundError(f"{model_dir}: a training run without checkpoints (checkpoints/<step>/); "

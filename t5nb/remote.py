@@ -11,7 +11,8 @@ Every file t5nb reads from elsewhere is named by one URL:
 `fetch(url)` returns a local path: the Hub's cache or t5nb's download cache (`T5NB_CACHE_DIR`,
 default `~/.cache/t5nb`), each file downloaded once, anonymously. A source that cannot be
 reached (no network, a rate limit, a renamed file) raises `SourceUnreachable`, which names the
-URL and what to do: t5nb never falls back to other data.
+URL and what to do: t5nb never falls back to other data. `list_files("hf://<org>/<repo>")`
+lists a Hub repository's files (to pick among the forms a checkpoint is published in).
 
 **Stand-ins.** With `T5NB_STANDINS=<dir>`, every URL is read from `<dir>/<scheme>/<rest>`
 instead (`hf://datasets/allenai/c4/en/x.json.gz` -> `<dir>/hf/datasets/allenai/c4/en/x.json.gz`),
@@ -98,6 +99,29 @@ def fetch(url: str) -> str:
     except Exception as error:  # huggingface_hub's HTTP and repository errors
         if type(error).__module__.startswith("huggingface_hub"):
             raise _unreachable(url, error) from error
+        raise
+
+
+def list_files(repo_url: str) -> list[str]:
+    """The files of the Hub repository `hf://[datasets/]<org>/<repo>`, by their paths in it, sorted:
+    huggingface_hub's `list_repo_files`, or the files under the stand-in's directory."""
+    scheme, rest = _split(repo_url)
+    if scheme != "hf":
+        raise ValueError(f"{repo_url!r}: not a Hub repository (hf://<org>/<repo>)")
+    if standins_dir() is not None:
+        root = standin_path(repo_url)
+        if not root.is_dir():
+            raise SourceUnreachable(f"{repo_url}: no stand-in directory at {root} ({STANDINS_ENV}={standins_dir()}); "
+                                    f"write the stand-ins (python tests/standins.py DIR) or unset {STANDINS_ENV}")
+        return sorted(str(path.relative_to(root)) for path in root.rglob("*") if path.is_file())
+    repo_type, repo_id, _ = _hub_parts(rest.rstrip("/") + "/")  # no file: the repository itself
+    try:
+        import huggingface_hub
+
+        return sorted(huggingface_hub.list_repo_files(repo_id, repo_type=repo_type))
+    except Exception as error:  # no network (httpx), a rate limit or no such repository (huggingface_hub)
+        if isinstance(error, (OSError, ImportError)) or type(error).__module__.startswith(("huggingface_hub", "httpx")):
+            raise _unreachable(repo_url, error) from error
         raise
 
 

@@ -5,7 +5,8 @@
 Same URLs, file names, formats and fields as the real sources; small contents, from the real
 public files in `$T5NB_DATA_DIR` (NQ-open, TriviaQA, Gutenberg text, the official vocabulary)
 where present, else a few made-up rows. The official checkpoint's stand-in is a tiny random
-T5.1.1 with the real repository's files. Only the sizes are not the real ones.
+T5.1.1 with the real repository's files (config.json, flax_model.msgpack, pytorch_model.bin,
+spiece.model). Only the sizes are not the real ones.
 """
 import gzip
 import json
@@ -13,12 +14,23 @@ import os
 import pathlib
 import sys
 
+import numpy as np
+
 from t5nb import remote
 from t5nb.tasks import real, vocab
 
 PAIRS = [("The house is wonderful.", "Das Haus ist wunderbar."), ("I like tea.", "Ich mag Tee."),
          ("Where is the station?", "Wo ist der Bahnhof?"), ("The cat sleeps.", "Die Katze schläft."),
          ("We read a book.", "Wir lesen ein Buch.")]  # made up; no WMT text is in $T5NB_DATA_DIR
+
+
+# google/t5-v1_1-small's config.json as published
+T5_V1_1_SMALL_CONFIG = {
+    "architectures": ["T5ForConditionalGeneration"], "d_ff": 1024, "d_kv": 64, "d_model": 512,
+    "decoder_start_token_id": 0, "dropout_rate": 0.1, "eos_token_id": 1, "feed_forward_proj": "gated-gelu",
+    "initializer_factor": 1.0, "is_encoder_decoder": True, "layer_norm_epsilon": 1e-06, "model_type": "t5",
+    "num_decoder_layers": 8, "num_heads": 6, "num_layers": 8, "output_past": True, "pad_token_id": 0,
+    "relative_attention_num_buckets": 32, "tie_word_embeddings": False, "vocab_size": 32128}
 
 
 def _path(url: str) -> pathlib.Path:
@@ -80,8 +92,40 @@ def _write_wmt14():
         _write_parquet(url, rows * (40 if split == "train" else 4))
 
 
+def flax_params(tensors: dict) -> dict[str, np.ndarray]:
+    """PyTorch-named T5 tensors as transformers 4.x's FlaxT5ForConditionalGeneration names them,
+    flat: Dense kernels [in, out], Embed `embedding`, T5LayerNorm `weight`."""
+    flat = {}
+    for name, array in tensors.items():
+        path = name.removesuffix(".weight").replace(".", "/")
+        if name == "shared.weight" or "relative_attention_bias" in name:
+            flat[f"{path}/embedding"] = array
+        elif "layer_norm" in name:
+            flat[f"{path}/weight"] = array
+        else:
+            flat[f"{path}/kernel"] = array.T
+    return flat
+
+
+def msgpack_bytes(flat: dict) -> bytes:
+    """Flat "/" names -> the nested tree transformers' Flax `to_bytes` serialises."""
+    from flax import serialization
+
+    tree = {}
+    for name, array in flat.items():
+        *parents, leaf = name.split("/")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = array
+    return serialization.msgpack_serialize(tree)
+
+
 def _write_official_checkpoint(data, repository: str):
-    """A tiny random T5.1.1 in the files of `repository` (config.json, weights, spiece.model)."""
+    """A tiny random T5.1.1 in the files `repository` publishes: config.json, flax_model.msgpack,
+    pytorch_model.bin (no model.safetensors), spiece.model."""
+    import safetensors.numpy
+    import torch
     from flax import nnx
 
     from t5nb import checkpoints
@@ -90,6 +134,13 @@ def _write_official_checkpoint(data, repository: str):
 
     directory = _path(f"{repository}/config.json").parent
     checkpoints.save_hf(Transformer(get_config("t5.1.1-tiny", vocab_size=32128), rngs=nnx.Rngs(0)), directory)
+    tensors = safetensors.numpy.load_file(directory / "model.safetensors")
+    (directory / "model.safetensors").unlink()
+    config = {**T5_V1_1_SMALL_CONFIG, "d_ff": 16, "d_kv": 3, "d_model": 8, "num_decoder_layers": 2, "num_heads": 4,
+              "num_layers": 2}  # t5.1.1-tiny's sizes
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    (directory / "flax_model.msgpack").write_bytes(msgpack_bytes(flax_params(tensors)))
+    torch.save({name: torch.from_numpy(array) for name, array in tensors.items()}, directory / "pytorch_model.bin")
     spm = data / vocab.OFFICIAL_SPM_NAME
     if spm.exists():
         (directory / "spiece.model").write_bytes(spm.read_bytes())

@@ -205,9 +205,9 @@ CASES = [
          RuntimeWarning, "checkpoint", "NaN or infinite", "decoder/logits_dense/kernel"),
     call("own-run-nan-weights", lambda env: evaluate.load_model(env.run_dir, 2),
          RuntimeWarning, "checkpoints/2", "NaN or infinite", "encoder/encoder_norm/scale"),
-    call("hf-without-safetensors", lambda env: checkpoints.load_hf(hf_copy(
-        env, lambda d: (d / "model.safetensors").rename(d / "pytorch_model.bin"))),
-         FileNotFoundError, "config.json and model.safetensors", "found config.json, pytorch_model.bin"),
+    call("hf-without-weights-t5nb-reads", lambda env: checkpoints.load_hf(hf_copy(
+        env, lambda d: (d / "model.safetensors").rename(d / "tf_model.h5"))),
+         FileNotFoundError, "config.json and model.safetensors", "found config.json, tf_model.h5"),
     call("hf-truncated-safetensors", lambda env: checkpoints.load_hf(hf_copy(
         env, lambda d: (d / "model.safetensors").write_bytes((env.hf_dir / "model.safetensors").read_bytes()[:500]))),
          checkpoints.CheckpointError, "model.safetensors", "not a readable safetensors file"),

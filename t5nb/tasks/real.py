@@ -97,7 +97,9 @@ class RemoteTextSource(seqio.DataSource):
                                    cycle_length=len(files))
         if shuffle:
             lines = lines.shuffle(10_000, seed=seed)
-        return lines.map(_json_text, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        options = tf.data.Options()  # json.loads keeps no state: checkpoints of the iterator may skip it
+        options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+        return lines.map(_json_text, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).with_options(options)
 
 
 def _json_text(line):

@@ -1,0 +1,91 @@
+"""The Colab path: one repository URL (pyproject.toml) behind every badge and setup cell, and
+scripts/colab_setup.sh run over the packages a fresh Colab runtime preinstalls."""
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+
+from packaging.version import Version
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("sync_notebooks", ROOT / "scripts" / "sync_notebooks.py")
+sync_notebooks = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sync_notebooks)
+REPO, BRANCH = sync_notebooks.repository()
+
+
+def test_badges_and_setup_cells_are_what_sync_notebooks_writes(tmp_path):
+    for name in ("notebooks", "README.md", "pyproject.toml"):
+        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, tmp_path / name)
+    changed = [p.relative_to(tmp_path).as_posix() for p in sync_notebooks.sync(tmp_path)]
+    assert changed == [], f"run `python scripts/sync_notebooks.py`: it would rewrite {changed}"
+    for path in sorted((ROOT / "notebooks").glob("*.ipynb")):  # what was compared, spelled out
+        first, setup = json.loads(path.read_text())["cells"][:2]
+        assert first["source"][0] == sync_notebooks.badge(path.name) + "\n"
+        assert setup["source"] == sync_notebooks.setup_cell()
+
+
+def test_no_file_names_another_repository_for_the_project():
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.splitlines()
+    name = REPO.split("/")[1]
+    wrong = []
+    for file in files:
+        try:
+            text = (ROOT / file).read_text(encoding="utf-8")
+        except (UnicodeDecodeError, FileNotFoundError):
+            continue
+        colab = re.findall(r"colab\.research\.google\.com/github/([^/\s]+/[^/\s]+)/blob/([^/\s]+)/", text)
+        github = re.findall(rf"github\.com/([\w.-]+/(?:{re.escape(name)}|t5nb))\b", text)
+        wrong += [f"{file}: {hit}" for hit in colab if hit != (REPO, BRANCH)]
+        wrong += [f"{file}: {hit}" for hit in github if hit != REPO]
+    assert not wrong, f"pyproject.toml names {REPO} ({BRANCH}); these name another:\n" + "\n".join(wrong)
+
+
+def _pins(path: pathlib.Path) -> dict:
+    """{name: version} of a requirements file's `name==version` lines."""
+    return dict(line.strip().split("==") for line in path.open() if "==" in line and line[0] != "#")
+
+
+def test_colab_setup_keeps_colab_runtime_and_installs_a_working_t5nb(tmp_path):
+    """A fresh virtualenv of the project's Python (3.11; Colab runs 3.13) seeded with
+    requirements/colab.txt stands in for Colab's CPU runtime."""
+    venv = tmp_path / "colab"
+    subprocess.run([sys._base_executable, "-m", "venv", venv], check=True)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "-r", ROOT / "requirements/colab.txt"],
+                   check=True)
+    env = {**os.environ, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}"}  # its python and pip come first
+    env.pop("T5NB_PROFILE", None)  # `make test` sets ci: here t5nb detects the profile
+
+    def run(*command) -> str:
+        result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+
+    def freeze() -> dict:
+        return dict(line.split("==") for line in run(python, "-m", "pip", "freeze").splitlines() if "==" in line)
+
+    probe = "import jax, jaxlib; print(jax.__version__, jaxlib.__version__, jax.default_backend())"
+    colab_jax, _, colab_backend = run(python, "-c", probe).split()
+    colab = freeze()
+
+    run("bash", ROOT / "scripts" / "colab_setup.sh")
+    lock = _pins(ROOT / "requirements" / "base.lock")
+    want = colab_jax if Version(colab_jax) >= Version(lock["jax"]) else lock["jax"]  # t5nb needs the lock's
+    assert run(python, "-c", probe).split() == [want, want, colab_backend]
+    after = freeze()
+    kept = {n for n in colab if n not in ("jax", "jaxlib", "flax", "protobuf", "tensorflow-datasets")}
+    assert {n: after.get(n) for n in kept} == {n: colab[n] for n in kept}  # numpy, tensorflow, ipykernel, ...
+    assert "tensorflow-datasets" not in after and after["tfds-nightly"] == lock["tfds-nightly"]
+    out = run(python, "-c", "import t5nb, seqio, t5, tensorflow_datasets\n"
+                            "from t5nb.checkpoints import abstract_params\nfrom t5nb.config import get_config\n"
+                            "print(t5nb.get_profile().name, len(abstract_params(get_config('t5.1.1-small'))))")
+    assert out.split()[0] == "cpu" and int(out.split()[1]) > 0
+
+    run("bash", ROOT / "scripts" / "colab_setup.sh")  # every notebook's setup cell runs it again
+    assert freeze() == after
