@@ -27,3 +27,14 @@ def test_unknown_profile_is_a_clear_error(monkeypatch):
 def test_ci_profile_is_the_smallest():
     ci, cpu = PROFILES["ci"], PROFILES["cpu"]
     assert ci.pretrain_steps < cpu.pretrain_steps and ci.inputs_length <= cpu.inputs_length
+
+
+def test_rehearsal_is_the_accelerator_course_with_only_its_sizes_changed():
+    """CI's dress rehearsal of the Colab path runs the accelerator profile's tasks, sources and
+    official checkpoint; only sizes (model preset, batch, lengths, steps, examples) differ."""
+    accelerator, rehearsal = PROFILES["accelerator"], PROFILES["rehearsal"]
+    changed = {field for field in vars(accelerator) if getattr(accelerator, field) != getattr(rehearsal, field)}
+    assert changed == {"name", "description", "model", "batch_size", "inputs_length", "targets_length",
+                       "pretrain_steps", "finetune_steps", "finetune_inputs_length", "finetune_targets_length",
+                       "eval_examples", "matmul_size"}
+    assert rehearsal.batch_size % 8 == 0  # splits over the 8 simulated devices
