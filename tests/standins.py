@@ -109,16 +109,9 @@ def flax_params(tensors: dict) -> dict[str, np.ndarray]:
 
 def msgpack_bytes(flat: dict) -> bytes:
     """Flat "/" names -> the nested tree transformers' Flax `to_bytes` serialises."""
-    from flax import serialization
+    from flax import serialization, traverse_util
 
-    tree = {}
-    for name, array in flat.items():
-        *parents, leaf = name.split("/")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = array
-    return serialization.msgpack_serialize(tree)
+    return serialization.msgpack_serialize(traverse_util.unflatten_dict(flat, sep="/"))
 
 
 def _write_official_checkpoint(data, repository: str):

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx, serialization
+from flax import nnx, serialization, traverse_util
 
 import t5nb.tasks as tasks
 from t5nb import checkpoints, cli, decode, evaluate, mesh
@@ -60,14 +60,7 @@ def with_param(model, path: str, value: float):
 
 def nested(flat: dict) -> dict:
     """`{"a/b": x}` -> `{"a": {"b": x}}`."""
-    tree = {}
-    for path, value in flat.items():
-        *parents, last = path.split("/")
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[last] = value
-    return tree
+    return traverse_util.unflatten_dict(flat, sep="/")
 
 
 def t5x_file(env, model) -> pathlib.Path:
