@@ -31,13 +31,14 @@ course: $(VENV)/.base
 # run folders; then the dress rehearsal of the Colab path: every notebook with the accelerator
 # course's tasks, sources and calls at toy sizes (profile `rehearsal`) on 8 simulated devices,
 # every remote source read from its local stand-in (needs the official vocabulary in T5NB_DATA_DIR).
-STANDINS := runs/standins
+# Absolute paths: nbval runs each notebook in notebooks/.
+STANDINS := $(CURDIR)/runs/standins
 test: $(VENV)/.test
 	rm -rf runs/test-ci runs/test-rehearsal $(STANDINS)
-	T5NB_PROFILE=ci T5NB_RUNS_DIR=runs/test-ci $(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env
+	T5NB_PROFILE=ci T5NB_RUNS_DIR=$(CURDIR)/runs/test-ci $(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env
 	$(PY) tests/standins.py $(STANDINS)
 	@if [ -f $(STANDINS)/hf/google/t5-v1_1-small/spiece.model ]; then \
-	  set -x; T5NB_PROFILE=rehearsal T5NB_STANDINS=$(STANDINS) T5NB_RUNS_DIR=runs/test-rehearsal \
+	  set -x; T5NB_PROFILE=rehearsal T5NB_STANDINS=$(STANDINS) T5NB_RUNS_DIR=$(CURDIR)/runs/test-rehearsal \
 	  XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest notebooks --nbval-lax --nbval-current-env; \
 	else echo "rehearsal skipped: no official T5 vocabulary in T5NB_DATA_DIR ($${T5NB_DATA_DIR:-../shared/data})"; fi
 

@@ -6,6 +6,7 @@ import dataclasses
 import os
 
 import jax
+import jax.numpy as jnp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +105,23 @@ def detect_profile_name() -> str:
     if name:
         return name
     return "cpu" if jax.default_backend() == "cpu" else "accelerator"
+
+
+def compute_dtype(device=None):
+    """The model's compute dtype on `device` (default: JAX's first); parameters stay float32.
+
+    bfloat16 where the chip computes in it natively: a TPU, or an NVIDIA GPU of compute
+    capability 8.0 or more (A100, L4, H100). float32 on a CPU and on older GPUs: a T4 (7.5) has
+    float16 tensor cores but no bfloat16 units, and T5 overflows float16 (largest value 65,504)
+    in its feed-forward activations (huggingface/transformers#5651, #9295); the T5 checkpoints
+    were trained in bfloat16 (google-research/text-to-text-transfer-transformer#539).
+    """
+    device = device or jax.devices()[0]
+    if device.platform == "tpu":
+        return jnp.bfloat16
+    if device.platform == "gpu" and float(getattr(device, "compute_capability", 0)) >= 8.0:
+        return jnp.bfloat16
+    return jnp.float32
 
 
 def get_profile(name: str | None = None) -> Profile:

@@ -11,7 +11,7 @@ import jax
 
 from t5nb import evaluate, tasks
 from t5nb.config import T5Config, get_config
-from t5nb.profiles import Profile
+from t5nb.profiles import Profile, compute_dtype
 from t5nb.system import in_colab
 from t5nb.model import Transformer
 from t5nb.train import Trainer, TrainConfig, TrainResult, params_of, train
@@ -34,14 +34,14 @@ def record_headline(notebook: str, **numbers) -> None:
 
 def model_config(profile: Profile, task=None, **changes) -> T5Config:
     """The profile's preset sized for the vocabulary of `task` (default: the profile's
-    vocabulary), with any field changes."""
+    vocabulary), computing in this chip's `compute_dtype`, with any field changes."""
     vocabulary = tasks.get_vocabulary(profile.vocabulary)
     vocab_size = 32128 if profile.vocabulary == "t5" else vocabulary.vocab_size  # T5 pads 32100 to 32128
     if task is not None:
         task_vocabulary = tasks.get_task(task).output_features["targets"].vocabulary
         if task_vocabulary != vocabulary:
             vocab_size = task_vocabulary.vocab_size
-    return get_config(profile.model, vocab_size=vocab_size, **changes)
+    return get_config(profile.model, vocab_size=vocab_size, **{"dtype": compute_dtype(), **changes})
 
 
 def feature_lengths(profile: Profile) -> dict:
@@ -87,14 +87,14 @@ def pretrained_model(profile: Profile, progress: bool = True) -> Transformer:
 
 def _fine_tuning_trainer(profile: Profile, task, init, learning_rate: float, mesh) -> tuple[Trainer, dict | None]:
     """A trainer for `init`'s configuration (or the profile's preset for the task's vocabulary)
-    without dropout, and `init`'s parameters."""
+    without dropout, in this chip's `compute_dtype`, and `init`'s parameters."""
     if init is None:
         return Trainer(model_config(profile, task, dropout_rate=0.0), TrainConfig(learning_rate=learning_rate), mesh), None
     if not isinstance(init, Transformer):
         raise TypeError(f"init must be a model, as pretrained_model, checkpoints.load_hf, checkpoints.load_t5x "
                         f"and evaluate.load_model return it, or None for random initialisation; got {type(init).__name__}")
-    trainer = Trainer(init.config.replace(dropout_rate=0.0), TrainConfig(learning_rate=learning_rate), mesh)
-    return trainer, params_of(init)
+    config = init.config.replace(dropout_rate=0.0, dtype=compute_dtype())
+    return Trainer(config, TrainConfig(learning_rate=learning_rate), mesh), params_of(init)
 
 
 def finetune(profile: Profile, task, init: Transformer | None, num_steps: int | None = None, name: str = "",

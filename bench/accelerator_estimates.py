@@ -1,0 +1,252 @@
+"""The accelerator course's FLOPs, memory and estimated wall time on a TPU v5e-1 and a T4.
+
+    .venv/bin/python bench/accelerator_estimates.py
+    PYTHONPATH=/tmp/libtpu .venv/bin/python bench/accelerator_estimates.py   # compiled for a TPU v5e
+
+Compiles, with abstract inputs (nothing allocated), the programs the course runs under the
+`accelerator` profile, in each chip's `profiles.compute_dtype` (bfloat16 for the v5e, float32
+for the T4): the Trainer's train step (pretraining and fine-tuning shapes), its teacher-forced
+eval step, and greedy decoding of an evaluation batch. With libtpu importable (`pip install
+--no-deps --target /tmp/libtpu "libtpu==<the version jax[tpu] pins>"`) XLA's TPU compiler
+compiles them ahead of time for a v5e chip, none needed; otherwise XLA:CPU does, whose memory
+figures are far larger than a TPU's (no TPU fusion and scheduling). XLA's cost analysis gives
+FLOPs and bytes accessed, its memory analysis the bytes a program needs (arguments + outputs -
+donated + temporaries). Prints the README's table; writes bench/results/accelerator_estimates.json.
+"""
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # this only compiles; a TPU target needs no TPU
+
+import t5nb  # noqa: F401, E402  first: its malloc setting must precede any other thread's first allocation
+
+import dataclasses  # noqa: E402
+import datetime  # noqa: E402
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+import math  # noqa: E402
+import pathlib  # noqa: E402
+import subprocess  # noqa: E402
+import time  # noqa: E402
+import types  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from flax import nnx  # noqa: E402
+from jax.experimental import topologies  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
+
+from t5nb import decode, workflow  # noqa: E402
+from t5nb import mesh as mesh_lib  # noqa: E402
+from t5nb.model import Transformer  # noqa: E402
+from t5nb.profiles import compute_dtype, get_profile  # noqa: E402
+from t5nb.train import Trainer, TrainConfig  # noqa: E402
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+MFU = 0.4  # the fraction of a chip's roofline every program reaches (see the README)
+RUN_OVERHEAD_S = 60  # per training run: compiling on the chip, checkpoints, data start-up (an allowance)
+EVAL_BATCH = 64  # workflow.finetune_and_evaluate and 05_evaluation decode in batches of 64
+# Validation examples of the profile's tasks (the course decodes split="validation"):
+# WMT14 en-de validation is newstest2013; NQ-open dev; TriviaQA unfiltered.nocontext validation.
+VALIDATION_EXAMPLES = {"wmt14_ende": {"wmt14_ende": 3000},
+                       "closed_book_qa": {"nq_open": 3610, "triviaqa_nocontext": 11313}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    name: str
+    device: object  # what compute_dtype reads: platform, compute capability
+    peak_flops: float  # dense, in the dtype compute_dtype picks for it
+    bandwidth: float  # memory bytes/s
+    memory: float  # bytes
+
+
+CHIPS = {
+    "v5e": Chip("v5e-1", types.SimpleNamespace(platform="tpu"), 197e12, 819e9, 16e9),
+    "t4": Chip("T4", types.SimpleNamespace(platform="gpu", compute_capability="7.5"), 8.1e12, 320e9, 16e9),
+}
+
+
+def compile_target() -> jax.sharding.Mesh:
+    """A one-chip mesh to compile for: a TPU v5e when libtpu is importable (XLA's TPU compiler
+    runs ahead of time without a TPU), else this CPU."""
+    if importlib.util.find_spec("libtpu") is None:
+        return mesh_lib.make_mesh(devices=jax.devices()[:1])
+    topology = topologies.get_topology_desc(platform="tpu", topology_name="v5e:1x1", chip_config_name="default",
+                                            chips_per_host_bounds=(1, 1, 1), num_slices=1)
+    return mesh_lib.make_mesh(devices=topology.devices)
+
+
+def compiled_cost(jitted, *args) -> dict:
+    """FLOPs, bytes accessed, memory (arguments + outputs - donated + temporaries) and compile
+    seconds of `jitted` compiled for `args`."""
+    start = time.perf_counter()
+    compiled = jitted.lower(*args).compile()
+    seconds = time.perf_counter() - start
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost
+    memory = compiled.memory_analysis()
+    return {"flops": cost["flops"], "bytes_accessed": cost["bytes accessed"], "compile_s": round(seconds, 1),
+            "memory": memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
+            + memory.temp_size_in_bytes}
+
+
+def abstract_batch(trainer: Trainer, batch_size: int, lengths: dict, packed: bool) -> dict:
+    """The feature converter's batch as shapes: packed pretraining batches add segment ids and positions."""
+    names = {"encoder_input_tokens": "inputs", "decoder_input_tokens": "targets", "decoder_target_tokens": "targets",
+             "decoder_loss_weights": "targets"}
+    if packed:
+        names.update(encoder_segment_ids="inputs", encoder_positions="inputs", decoder_segment_ids="targets",
+                     decoder_positions="targets")
+    return {name: jax.ShapeDtypeStruct((batch_size, lengths[feature]), jnp.int32, sharding=trainer.batch_sharding)
+            for name, feature in names.items()}
+
+
+def train_step(trainer: Trainer, batch: dict) -> dict:
+    """`trainer`'s train step, jitted as `Trainer.train_step` jits it."""
+    state = trainer.abstract_state()
+    shardings = jax.tree.map(lambda x: x.sharding, state)
+    step = jax.jit(trainer._train_step_fn, in_shardings=(shardings, trainer.batch_sharding),
+                   out_shardings=(shardings, None), donate_argnums=0)
+    with mesh_lib.activation_sharding(trainer.mesh, trainer.rules):
+        return compiled_cost(step, state, batch)
+
+
+def eval_step(trainer: Trainer, batch: dict) -> dict:
+    """`trainer`'s teacher-forced eval step, as `Trainer.eval_step` jits it."""
+    with mesh_lib.activation_sharding(trainer.mesh, trainer.rules):
+        return compiled_cost(jax.jit(lambda p, b: trainer._sums(p, b, None)[1]), trainer.abstract_state().params, batch)
+
+
+def greedy_decoding(config, mesh, batch_size: int, lengths: dict) -> dict:
+    """One batch of `decode.greedy_decode`, `lengths["targets"]` steps (the loop may stop sooner).
+    XLA's cost analysis counts a while loop's body once, so the steps are counted here: the
+    whole program less encoding + cache is one step."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
+    on_mesh = NamedSharding(mesh, PartitionSpec())
+    state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_mesh), state)
+    tokens = jax.ShapeDtypeStruct((batch_size, lengths["inputs"]), jnp.int32, sharding=on_mesh)
+    steps = lengths["targets"]
+    start = compiled_cost(jax.jit(lambda s, t: decode._start(nnx.merge(graphdef, s), t, steps)), state, tokens)
+    whole = compiled_cost(jax.jit(lambda s, t: decode._sample(
+        nnx.merge(graphdef, s), t, jax.random.key(0), 0.0, 1.0, max_decode_length=steps, greedy=True, top_k=0)),
+        state, tokens)
+    return {**{name: start[name] + steps * (whole[name] - start[name]) for name in ("flops", "bytes_accessed")},
+            "memory": whole["memory"], "compile_s": start["compile_s"] + whole["compile_s"]}
+
+
+def programs_in(dtype, mesh, profile) -> dict:
+    """Every program of the course, computing in `dtype`, compiled for `mesh`'s chip."""
+    pretraining = workflow.pretraining_trainer(profile, mesh)
+    pretraining = Trainer(pretraining.model_config.replace(dtype=dtype), pretraining.train_config, mesh)
+    config = workflow.model_config(profile, profile.qa_task, dropout_rate=0.0, dtype=dtype)
+    finetuning = Trainer(config, TrainConfig(learning_rate=1e-3), mesh)  # as workflow.finetune builds it
+    lengths = workflow.finetune_lengths(profile)
+    batch = abstract_batch(finetuning, profile.batch_size, lengths, packed=False)
+    return {"pretrain_step": train_step(pretraining, abstract_batch(
+                pretraining, profile.batch_size, workflow.feature_lengths(profile), packed=True)),
+            "finetune_step": train_step(finetuning, batch), "eval_step": eval_step(finetuning, batch),
+            "decode_batch": greedy_decoding(config, mesh, EVAL_BATCH, lengths)}
+
+
+def course(profile) -> dict:
+    """Per notebook: its training runs, decoded examples and how many times it runs each program.
+    03 and 04 fine-tune from the pretraining, from scratch and from the official checkpoint and
+    decode the validation set after each; 05 fine-tunes once (4 checkpoints, the last 3 kept),
+    teacher-forces the validation set, decodes it at the end (infer_eval) and at each kept
+    checkpoint (evaluate_checkpoints)."""
+    def decoded(task):
+        return [min(n, profile.eval_examples or n) for n in VALIDATION_EXAMPLES[task].values()]
+
+    def batches(examples):
+        return sum(math.ceil(n / EVAL_BATCH) for n in examples)
+
+    wmt, qa = decoded(profile.finetune_task), decoded(profile.qa_task)
+    steps = profile.finetune_steps
+    forced = sum(VALIDATION_EXAMPLES[profile.qa_task].values()) // profile.batch_size  # full batches
+    return {
+        "02_pretraining": {"runs": 1, "examples": 0, "counts": {"pretrain_step": profile.pretrain_steps}},
+        "03_finetuning": {"runs": 3, "examples": 3 * sum(wmt),
+                          "counts": {"finetune_step": 3 * steps, "decode_batch": 3 * batches(wmt)}},
+        "04_closed_book_qa": {"runs": 3, "examples": 3 * sum(qa),
+                              "counts": {"finetune_step": 3 * steps, "decode_batch": 3 * batches(qa)}},
+        "05_evaluation": {"runs": 1, "examples": 4 * sum(qa),
+                          "counts": {"finetune_step": steps, "eval_step": forced, "decode_batch": 4 * batches(qa)}},
+    }
+
+
+def seconds_on(chip: Chip, name: str, program: dict) -> float:
+    """Training and eval steps: FLOPs at MFU x peak. Decoding, little arithmetic per byte: the
+    larger of FLOPs at peak and XLA's bytes accessed at the full memory bandwidth, over MFU."""
+    if name != "decode_batch":
+        return program["flops"] / (chip.peak_flops * MFU)
+    return max(program["flops"] / chip.peak_flops, program["bytes_accessed"] / chip.bandwidth) / MFU
+
+
+def estimate(profile) -> dict:
+    started = time.perf_counter()
+    mesh = compile_target()
+    programs = {key: programs_in(compute_dtype(chip.device), mesh, profile) for key, chip in CHIPS.items()}
+    notebooks = {}
+    for notebook, plan in course(profile).items():
+        counts = plan["counts"]
+        row = {"training_runs": plan["runs"], "decoded_examples": plan["examples"],
+               "train_steps": counts.get("pretrain_step", 0) + counts.get("finetune_step", 0)}
+        for key, chip in CHIPS.items():
+            compute = sum(n * seconds_on(chip, name, programs[key][name]) for name, n in counts.items())
+            row[key] = {"minutes": (compute + plan["runs"] * RUN_OVERHEAD_S) / 60, "compute_minutes": compute / 60,
+                        "memory_gb": max(programs[key][name]["memory"] for name in counts) / 1e9}
+        notebooks[notebook] = row
+    total = {key: {"minutes": sum(row[key]["minutes"] for row in notebooks.values()),
+                   "compute_minutes": sum(row[key]["compute_minutes"] for row in notebooks.values()),
+                   "memory_gb": max(row[key]["memory_gb"] for row in notebooks.values())} for key in CHIPS}
+    overhead_minutes = sum(row["training_runs"] for row in notebooks.values()) * RUN_OVERHEAD_S / 60
+    for key, chip in CHIPS.items():
+        total[key]["fits_in_memory"] = total[key]["memory_gb"] * 1e9 <= chip.memory
+    total["v5e"]["mfu_for_60_minutes"] = total["v5e"]["compute_minutes"] * MFU / (60 - overhead_minutes)
+    return {"date": datetime.date.today().isoformat(), "commit": commit(),
+            "compiled_for": mesh.devices.flat[0].device_kind, "bench_seconds": round(time.perf_counter() - started),
+            "profile": dataclasses.asdict(profile),
+            "assumptions": {"mfu": MFU, "run_overhead_s": RUN_OVERHEAD_S, "eval_batch": EVAL_BATCH,
+                            "validation_examples": VALIDATION_EXAMPLES,
+                            "chips": {key: {**dataclasses.asdict(chip), "device": vars(chip.device),
+                                            "dtype": jnp.dtype(compute_dtype(chip.device)).name}
+                                      for key, chip in CHIPS.items()}},
+            "programs": programs, "notebooks": notebooks, "total": total}
+
+
+def commit() -> str:
+    run = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                         cwd=pathlib.Path(__file__).parent)
+    return run.stdout.strip() or "unknown"
+
+
+def table(result: dict) -> str:
+    """The README's markdown table."""
+    programs = result["programs"]["v5e"]
+    v5e, t4 = CHIPS["v5e"].name, CHIPS["t4"].name
+    lines = [f"| notebook | train steps | TFLOP / train step | decoded examples | GB per step: {v5e} (bf16) / {t4} "
+             f"(fp32) | {v5e} min | {t4} min |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for notebook, row in result["notebooks"].items():
+        step = programs["pretrain_step" if notebook == "02_pretraining" else "finetune_step"]
+        lines.append(f"| `{notebook}` | {row['train_steps']:,} | {step['flops'] / 1e12:.2f} | "
+                     f"{row['decoded_examples']:,} | {row['v5e']['memory_gb']:.1f} / {row['t4']['memory_gb']:.1f} | "
+                     f"{row['v5e']['minutes']:.0f} | {row['t4']['minutes']:.0f} |")
+    total = result["total"]
+    lines.append(f"| **course** | | | | {total['v5e']['memory_gb']:.1f} / {total['t4']['memory_gb']:.1f} | "
+                 f"**{total['v5e']['minutes']:.0f}** | **{total['t4']['minutes']:.0f}** |")
+    return "\n".join(lines)
+
+
+def main():
+    result = estimate(get_profile("accelerator"))
+    print(table(result))
+    print(f"\ncompiled for {result['compiled_for']} in {result['bench_seconds']} s; MFU {MFU:.0%}, "
+          f"{RUN_OVERHEAD_S} s per training run; the v5e course takes 60 minutes at "
+          f"{result['total']['v5e']['mfu_for_60_minutes']:.0%} MFU; fits in memory: "
+          + ", ".join(f"{chip.name} {result['total'][key]['fits_in_memory']}" for key, chip in CHIPS.items()))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "accelerator_estimates.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
