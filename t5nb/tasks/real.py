@@ -38,42 +38,8 @@ TRIVIAQA = {split: [f"hf://datasets/mandarjoshi/trivia_qa/unfiltered.nocontext/{
             for split in ("train", "validation")}
 
 
-class RemoteRowsSource(seqio.DataSource):
-    """Examples read from remote files (`{split: [url, ...]}`) on first use, then kept in memory:
-    `read(local_path) -> [example dict]` turns each fetched file into examples."""
-
-    def __init__(self, urls: dict, read):
-        super().__init__(splits=list(urls))
-        self.urls, self.read = urls, read
-
-    def examples(self, split: str) -> list[dict]:
-        """The split's examples, its files fetched and read once (once more if the stand-ins change)."""
-        return self._examples(split, remote.standins_dir())
-
-    @functools.cache
-    def _examples(self, split: str, standins) -> list[dict]:
-        return [example for url in self.urls[split] for example in self.read(remote.fetch(url))]
-
-    @property
-    def supports_arbitrary_sharding(self) -> bool:
-        return False
-
-    def list_shards(self, split: str) -> list[str]:
-        return self.urls[split]
-
-    def num_input_examples(self, split: str) -> int:
-        return len(self.examples(split))
-
-    def get_dataset(self, split="train", shuffle=True, seed=None, shard_info=None, **unused):
-        dataset = in_memory_source({split: self.examples(split)}).get_dataset(split, shuffle=False)
-        if shard_info:
-            dataset = dataset.shard(shard_info.num_shards, shard_info.index)
-        return dataset.shuffle(min(len(self.examples(split)), 100_000), seed=seed) if shuffle else dataset
-
-
-class RemoteTextSource(seqio.DataSource):
-    """Documents `{"text"}` streamed from remote JSON-lines `.json.gz` files (C4's form), the
-    files fetched when the split is first read."""
+class RemoteFilesSource(seqio.DataSource):
+    """A seqio source over remote files, `{split: [url, ...]}`, one shard a file."""
 
     def __init__(self, urls: dict):
         super().__init__(splits=list(urls))
@@ -85,6 +51,37 @@ class RemoteTextSource(seqio.DataSource):
 
     def list_shards(self, split: str) -> list[str]:
         return self.urls[split]
+
+
+class RemoteRowsSource(RemoteFilesSource):
+    """Examples read from remote files on first use, then kept in memory: `read(local_path) ->
+    [example dict]` turns each fetched file into examples."""
+
+    def __init__(self, urls: dict, read):
+        super().__init__(urls)
+        self.read = read
+
+    def examples(self, split: str) -> list[dict]:
+        """The split's examples, its files fetched and read once (once more if the stand-ins change)."""
+        return self._examples(split, remote.standins_dir())
+
+    @functools.cache
+    def _examples(self, split: str, standins) -> list[dict]:
+        return [example for url in self.urls[split] for example in self.read(remote.fetch(url))]
+
+    def num_input_examples(self, split: str) -> int:
+        return len(self.examples(split))
+
+    def get_dataset(self, split="train", shuffle=True, seed=None, shard_info=None, **unused):
+        dataset = in_memory_source({split: self.examples(split)}).get_dataset(split, shuffle=False)
+        if shard_info:
+            dataset = dataset.shard(shard_info.num_shards, shard_info.index)
+        return dataset.shuffle(min(len(self.examples(split)), 100_000), seed=seed) if shuffle else dataset
+
+
+class RemoteTextSource(RemoteFilesSource):
+    """Documents `{"text"}` streamed from remote JSON-lines `.json.gz` files (C4's form), the
+    files fetched when the split is first read."""
 
     def get_dataset(self, split="train", shuffle=True, seed=None, shard_info=None, **unused):
         files = [remote.fetch(url) for url in self.urls[split]]
