@@ -21,6 +21,9 @@ import sys
 if "google.colab" in sys.modules:
     !test -d /content/t5nb || git clone -q --depth 1 -b {branch} https://github.com/{repo} /content/t5nb
     !bash /content/t5nb/scripts/colab_setup.sh
+    import google.protobuf, importlib.metadata
+    if google.protobuf.__version__ != importlib.metadata.version("protobuf"):  # imported before the upgrade
+        raise SystemExit("protobuf was upgraded: Runtime > Restart session, then run this cell again")
     sys.path.insert(0, "/content/t5nb")
 import t5nb"""
 

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import safetensors.numpy
 import tensorstore as ts
-from flax import nnx, serialization
+from flax import nnx, serialization, traverse_util
 
 from t5nb import remote
 from t5nb.config import T5Config
@@ -88,8 +88,7 @@ def abstract_model(config: T5Config) -> Transformer:
 
 def abstract_params(config: T5Config) -> dict[str, jax.ShapeDtypeStruct]:
     """Every parameter of a `config` model, `path -> ShapeDtypeStruct`."""
-    return {"/".join(map(str, key)): var.get_value()
-            for key, var in nnx.to_flat_state(nnx.state(abstract_model(config), nnx.Param))}
+    return flatten(nnx.to_pure_dict(nnx.state(abstract_model(config), nnx.Param)))
 
 
 def flatten(tree: dict) -> dict[str, np.ndarray]:
@@ -132,16 +131,16 @@ def model_from_params(config: T5Config, params: dict) -> Transformer:
     check_params(config, flat)
     model = abstract_model(config)
     state = nnx.state(model, nnx.Param)
-    for key, var in nnx.to_flat_state(state):
-        var.set_value(jnp.asarray(flat["/".join(map(str, key))], jnp.float32))
+    nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict(
+        {key: jnp.asarray(value, jnp.float32) for key, value in flat.items()}, sep="/"))
     nnx.update(model, state)
     return model
 
 
 def warn_if_not_finite(model: Transformer, source) -> None:
     """Warn, naming them, about parameters of `model` (loaded from `source`) holding NaN or infinity."""
-    bad = ["/".join(map(str, key)) for key, var in nnx.to_flat_state(nnx.state(model, nnx.Param))
-           if not bool(jnp.all(jnp.isfinite(var.get_value())))]
+    bad = [path for path, value in flatten(nnx.to_pure_dict(nnx.state(model, nnx.Param))).items()
+           if not bool(jnp.all(jnp.isfinite(value)))]
     if bad:
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
         warnings.warn(f"{source}: NaN or infinite values in {len(bad)} parameter(s): {', '.join(bad[:3])}{more}",
@@ -150,8 +149,8 @@ def warn_if_not_finite(model: Transformer, source) -> None:
 
 def model_params(model: Transformer) -> dict[str, np.ndarray]:
     """The model's parameters as a flat `path -> numpy float32` dict."""
-    return {"/".join(map(str, key)): np.asarray(var.get_value(), np.float32)
-            for key, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    return {path: np.asarray(value, np.float32)
+            for path, value in flatten(nnx.to_pure_dict(nnx.state(model, nnx.Param))).items()}
 
 
 # -- Hugging Face --------------------------------------------------------------------------------

@@ -107,7 +107,7 @@ def describe_sharding(state, mesh, rules=STANDARD_RULES) -> str:
     for path, variable in nnx.to_flat_state(state):
         axes = variable.get_metadata().get("out_sharding") or ()
         spec = logical_to_spec(axes, rules)
-        shape = "x".join(map(str, variable.get_value().shape))
+        shape = "x".join(map(str, variable.shape))
         lines.append(f"{'/'.join(map(str, path)):58s} {shape:16s} {str(tuple(axes)):28s} {tuple(spec)}")
     return "\n".join(lines)
 
