@@ -20,12 +20,12 @@ import jax
 import numpy as np
 import pandas as pd
 import seqio
-import tensorflow as tf
 from clu import metric_writers
 
 from t5nb.checkpoints import HF_DIR, hf_weights_file, load_hf, read_hf_config, warn_if_not_finite
 from t5nb.config import T5Config
 from t5nb.decode import Predictor
+from t5nb.event_logs import logged_steps
 from t5nb.tasks import check_vocabulary, get_task
 from t5nb.tasks.custom import TaskDataError, read_rows, require_text
 
@@ -185,16 +185,6 @@ def infer_eval(model, task, model_dir, *, step: int, feature_lengths: dict, batc
 
 
 # -- the results table ------------------------------------------------------------------------
-def _event_scalars(path):
-    """(step, tag, value) of every scalar in one TensorBoard events file (TF1 or TF2 summaries)."""
-    for event in tf.compat.v1.train.summary_iterator(str(path)):
-        for value in event.summary.value:
-            if value.HasField("simple_value"):
-                yield event.step, value.tag, float(value.simple_value)
-            elif value.HasField("tensor") and not value.tensor.tensor_shape.dim:
-                yield event.step, value.tag, float(tf.make_ndarray(value.tensor))
-
-
 def results_table(model_dir, kinds=LOG_KINDS, csv: bool = True) -> pd.DataFrame:
     """Metrics by step (rows) and `<kind>/<task>/<metric>` (columns; `train/<metric>` for the
     training curves, `kinds=("train",)`) from the TensorBoard logs under `<model_dir>/<kind>`;
@@ -203,10 +193,10 @@ def results_table(model_dir, kinds=LOG_KINDS, csv: bool = True) -> pd.DataFrame:
     model_dir = pathlib.Path(model_dir)
     values = {}
     for kind in kinds:
-        for events in sorted((model_dir / kind).glob("**/events.out.tfevents.*")):  # oldest first
-            prefix = events.parent.relative_to(model_dir).as_posix()
-            for step, tag, value in _event_scalars(events):
-                values.setdefault(step, {})[f"{prefix}/{tag}"] = value
+        for directory in sorted({events.parent for events in (model_dir / kind).glob("**/events.out.tfevents.*")}):
+            prefix = directory.relative_to(model_dir).as_posix()
+            for step, scalars in logged_steps(directory):
+                values.setdefault(step, {}).update({f"{prefix}/{tag}": value for tag, value in scalars.items()})
     table = pd.DataFrame.from_dict(values, orient="index").sort_index().sort_index(axis=1)
     table.index.name = "step"
     if csv:

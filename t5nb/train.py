@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 
 from t5nb import mesh as mesh_lib
 from t5nb.config import T5Config
+from t5nb.event_logs import logged_steps
 from t5nb.model import Transformer
 from t5nb.run_checkpoints import RunCheckpoints
 from t5nb.system import time_matmul
@@ -405,8 +406,14 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
                                                        just_logging=jax.process_index() > 0)
     step = int(jax.device_get(state.step))
     history, train_eval, pending = [], [], []
+    if resuming:  # the curve so far, as logged: returned and redrawn as if this run had made it
+        history = [{"step": s, **metrics} for s, metrics in logged_steps(model_dir / "train", upto=step)]
+        train_eval = logged_steps(model_dir / "training_eval" / task_name, upto=step)
+        for entry in history if on_log is not None else ():
+            on_log(entry["step"], entry)
     last_good = step if resuming else None
     peak = flops = None
+    first_step = True
     bar = tqdm(total=num_steps, initial=step, desc="train", unit="step", disable=not progress)
     tick = time.perf_counter()
 
@@ -453,8 +460,8 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
             while step < num_steps and stop.signal is None:
                 batch = trainer.shard_batch(next(batches))
                 state, sums = trainer.train_step(state, batch)
-                if not history and not pending:
-                    tick = time.perf_counter()  # the first call compiled: leave that out of the throughput
+                if first_step:
+                    tick, first_step = time.perf_counter(), False  # it compiled: leave that out of the throughput
                 step += 1
                 pending.append(sums)
                 bar.update(1)

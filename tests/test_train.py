@@ -182,7 +182,7 @@ def test_resume_falls_back_to_the_previous_checkpoint_when_the_newest_is_damaged
             path.write_bytes(path.read_bytes()[:100])  # truncated
     with pytest.warns(UserWarning, match=r"checkpoint step 4 in .* cannot be read .*; resuming from step 2"):
         resumed = train(trainer, Batches(copy_batch()), 4, tmp_path, checkpoint_every=2, progress=False)
-    assert [h["step"] for h in resumed.history] == [4]  # steps 3 and 4 were trained again
+    assert [h["step"] for h in resumed.history] == [2, 4]  # 2 read back from the log, 3 and 4 trained again
     for a, b in zip(jax.tree.leaves(resumed.state.params), jax.tree.leaves(straight.state.params)):
         assert np.array_equal(np.asarray(a), np.asarray(b))
 
@@ -218,6 +218,25 @@ def test_metrics_go_to_tensorboard_and_history(tmp_path):
     assert list((tmp_path / "train").glob("events.out.tfevents.*"))
     assert list((tmp_path / "training_eval" / "train_eval").glob("events.out.tfevents.*"))
     assert json.loads((tmp_path / "config.json").read_text())["train"]["learning_rate"] == 1e-2
+
+
+def test_a_resumed_or_finished_run_returns_and_redraws_its_whole_curve(tmp_path):
+    trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0), TrainConfig(learning_rate=1e-2))
+    common = dict(log_every=2, checkpoint_every=2, eval_every=2, eval_batches=lambda: [copy_batch(seed=1)],
+                  progress=False)
+    straight = train(trainer, Batches(copy_batch()), 6, tmp_path / "straight", **common)
+    train(trainer, Batches(copy_batch()), 4, tmp_path / "resumed", **common)
+    for num_steps in (6, 6):  # resumed at step 4, then called again when finished
+        drawn = []
+        resumed = train(trainer, Batches(copy_batch()), num_steps, tmp_path / "resumed",
+                        on_log=lambda step, metrics: drawn.append((step, metrics["loss"])), **common)
+        assert [(h["step"], h["loss"]) for h in resumed.history] == drawn
+        assert [h["step"] for h in resumed.history] == [h["step"] for h in straight.history] == [2, 4, 6]
+        np.testing.assert_allclose([h["loss"] for h in resumed.history], [h["loss"] for h in straight.history],
+                                   rtol=1e-6)  # event files keep float32
+        assert [step for step, _ in resumed.train_eval] == [2, 4, 6]
+        np.testing.assert_allclose([m["loss"] for _, m in resumed.train_eval],
+                                   [m["loss"] for _, m in straight.train_eval], rtol=1e-6)
 
 
 def test_tiny_model_loss_falls_on_the_offline_facts_corpus(tmp_path):
