@@ -28,6 +28,8 @@ class Profile:
     finetune_inputs_length: int  # fine-tuning and evaluation (questions are short)
     finetune_targets_length: int
     eval_examples: int | None  # validation examples decoded per evaluation (None: all)
+    eval_every: int  # steps between validation losses while training (pretraining and fine-tuning)
+    eval_batches: int  # validation batches per such evaluation
     matmul_size: int  # side of the square matmul 00_setup times
     official_checkpoint: str | None = None  # a published T5.1.1 model of this vocabulary (03, 04)
 
@@ -49,6 +51,8 @@ PROFILES = {
         finetune_inputs_length=32,
         finetune_targets_length=8,
         eval_examples=64,
+        eval_every=10,
+        eval_batches=1,
         matmul_size=256,
     ),
     "cpu": Profile(
@@ -67,6 +71,8 @@ PROFILES = {
         finetune_inputs_length=32,
         finetune_targets_length=8,
         eval_examples=None,
+        eval_every=50,
+        eval_batches=2,
         matmul_size=1024,
     ),
     "accelerator": Profile(
@@ -85,6 +91,8 @@ PROFILES = {
         finetune_inputs_length=128,
         finetune_targets_length=32,
         eval_examples=None,
+        eval_every=250,
+        eval_batches=4,
         matmul_size=8192,
         official_checkpoint="hf://google/t5-v1_1-small",
     ),
@@ -96,7 +104,8 @@ PROFILES["rehearsal"] = dataclasses.replace(
     PROFILES["accelerator"], name="rehearsal",
     description="The accelerator course at toy sizes (CI's dress rehearsal of the Colab path).",
     model="t5.1.1-tiny", batch_size=8, inputs_length=64, targets_length=16, pretrain_steps=8,
-    finetune_steps=4, finetune_inputs_length=32, finetune_targets_length=8, eval_examples=8, matmul_size=256)
+    finetune_steps=4, finetune_inputs_length=32, finetune_targets_length=8, eval_examples=8, eval_every=4,
+    eval_batches=1, matmul_size=256)
 
 
 def detect_profile_name() -> str:

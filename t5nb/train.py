@@ -281,6 +281,14 @@ def evaluate(trainer: Trainer, params: dict, batches) -> dict:
     return finalize(jax.device_get(total))
 
 
+VALIDATION = "validation/"  # the prefix of evaluation metrics in `on_log`
+
+
+def validation_scalars(metrics: dict) -> dict:
+    """An evaluation's metrics as `train()` hands them to `on_log`: `validation/<name>`."""
+    return {f"{VALIDATION}{name}": value for name, value in metrics.items()}
+
+
 def _peak_flops(mesh) -> float:
     kind = mesh.devices.flat[0].device_kind
     for name, peak in PEAK_FLOPS.items():
@@ -382,9 +390,10 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
     batches; if it has `state()`/`set_state()` (and `save_pipeline()`/`restore_pipeline()`, as
     `BatchIterator` has) its position is checkpointed and restored, so a resumed run sees exactly
     the batches an uninterrupted one would. `eval_batches` is a callable returning an iterable of
-    batches. `on_log(step, metrics)` is called at log points (the live plot). Metrics stay on the
-    device between log points: no host sync per step. Ctrl-C or SIGTERM saves a checkpoint at the
-    end of the current step, then stops; a non-finite state is never saved.
+    batches. `on_log(step, metrics)` is called at log points (the live plot), and after each
+    evaluation with `validation/<name>` metrics. Metrics stay on the device between log points:
+    no host sync per step. Ctrl-C or SIGTERM saves a checkpoint at the end of the current step,
+    then stops; a non-finite state is never saved.
     """
     _check_positive(num_steps=num_steps, log_every=log_every)
     for name, value in (("checkpoint_every", checkpoint_every), ("eval_every", eval_every)):
@@ -409,8 +418,9 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
     if resuming:  # the curve so far, as logged: returned and redrawn as if this run had made it
         history = [{"step": s, **metrics} for s, metrics in logged_steps(model_dir / "train", upto=step)]
         train_eval = logged_steps(model_dir / "training_eval" / task_name, upto=step)
-        for entry in history if on_log is not None else ():
-            on_log(entry["step"], entry)
+        logged = [(entry["step"], entry) for entry in history] + [(s, validation_scalars(m)) for s, m in train_eval]
+        for logged_step, metrics in sorted(logged, key=lambda entry: entry[0]) if on_log is not None else ():
+            on_log(logged_step, metrics)
     last_good = step if resuming else None
     peak = flops = None
     first_step = True
@@ -473,6 +483,8 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
                     metrics = evaluate(trainer, state.params, eval_batches())
                     eval_writer.write_scalars(step, metrics)
                     train_eval.append((step, metrics))
+                    if on_log is not None:
+                        on_log(step, validation_scalars(metrics))
                 if at_checkpoint:
                     save()
             if stop.signal is not None:

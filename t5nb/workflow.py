@@ -58,9 +58,23 @@ def pretraining_dir(profile: Profile) -> pathlib.Path:
     return runs_dir() / profile.name / "pretraining"
 
 
+def finetune_dir(profile: Profile, task, name: str = "") -> pathlib.Path:
+    """The run directory of `finetune(profile, task, ..., name=name)`."""
+    return runs_dir() / profile.name / f"finetune_{tasks.get_task(task).name}{'_' + name if name else ''}"
+
+
 def pretraining_trainer(profile: Profile, mesh=None) -> Trainer:
     """T5.1.1 pretraining: no dropout, Adafactor with T5X's rsqrt decay (1e-2 for 10k steps)."""
     return Trainer(model_config(profile, dropout_rate=0.0), TrainConfig(warmup_steps=10_000), mesh)
+
+
+def validation(profile: Profile, task, lengths: dict) -> dict:
+    """`train()`'s validation settings: every `profile.eval_every` steps, the loss on a fixed
+    sample of the task's validation split (none if it has no such split)."""
+    if "validation" not in tasks.get_task(task).splits:
+        return {}
+    batches = tasks.validation_batches(task, lengths, profile.batch_size, profile.eval_batches)
+    return dict(eval_batches=lambda: batches, eval_every=profile.eval_every)
 
 
 def pretrain(profile: Profile, num_steps: int | None = None, trainer: Trainer | None = None, on_log=None,
@@ -75,7 +89,8 @@ def pretrain(profile: Profile, num_steps: int | None = None, trainer: Trainer | 
     batches = tasks.BatchIterator(profile.pretrain_task, feature_lengths(profile), profile.batch_size)
     result = train(trainer, batches, num_steps, pretraining_dir(profile),
                    checkpoint_every=max(1, profile.pretrain_steps // 4), log_every=25,
-                   task_name=profile.pretrain_task, on_log=on_log, progress=progress)
+                   task_name=profile.pretrain_task, on_log=on_log, progress=progress,
+                   **validation(profile, profile.pretrain_task, feature_lengths(profile)))
     return trainer, result
 
 
@@ -107,10 +122,10 @@ def finetune(profile: Profile, task, init: Transformer | None, num_steps: int | 
     trainer, params = _fine_tuning_trainer(profile, task, init, learning_rate, mesh)
     num_steps = num_steps or profile.finetune_steps
     batches = tasks.BatchIterator(task, finetune_lengths(profile), profile.batch_size)
-    model_dir = runs_dir() / profile.name / f"finetune_{batches.task.name}{'_' + name if name else ''}"
+    model_dir = finetune_dir(profile, task, name)
     result = train(trainer, batches, num_steps, model_dir, state=trainer.init_state(params), log_every=25,
                    checkpoint_every=checkpoint_every or num_steps, task_name=batches.task.name,
-                   on_log=on_log, progress=progress)
+                   on_log=on_log, progress=progress, **validation(profile, task, finetune_lengths(profile)))
     return trainer, result
 
 
@@ -129,6 +144,6 @@ def finetune_and_evaluate(profile: Profile, task, init: Transformer | None, name
     return trainer, result, metrics
 
 
-__all__ = ["TrainResult", "feature_lengths", "finetune", "finetune_and_evaluate", "finetune_lengths",
+__all__ = ["TrainResult", "feature_lengths", "finetune", "finetune_and_evaluate", "finetune_dir", "finetune_lengths",
            "model_config", "pretrain", "pretrained_model", "pretraining_dir", "pretraining_trainer",
-           "record_headline", "runs_dir"]
+           "record_headline", "runs_dir", "validation"]

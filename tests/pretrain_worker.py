@@ -2,7 +2,7 @@
 process, for the kill-and-resume test.
 
 Usage: pretrain_worker.py STEPS OUT. Runs go under $T5NB_RUNS_DIR. Each batch the run consumes
-is appended to OUT as `<position> <hash>`; `T5NB_TEST_BATCH_DELAY` (seconds) slows every batch
+of the train split is appended to OUT as `<position> <hash>`; `T5NB_TEST_BATCH_DELAY` (seconds) slows every batch
 so that a test can signal the process at a chosen point. The final parameters go to OUT.npz.
 """
 import hashlib
@@ -22,6 +22,8 @@ consume = tasks.BatchIterator.__next__
 
 def recorded_next(self):
     batch = consume(self)
+    if self.settings["split"] != "train":  # the validation sample
+        return batch
     digest = hashlib.sha256(b"".join(batch[k].tobytes() for k in sorted(batch))).hexdigest()[:16]
     with open(out, "a") as log:
         log.write(f"{self.batches} {digest}\n")

@@ -9,7 +9,19 @@ def test_live_plot_keeps_every_logged_point_and_draws_each_metric():
     plot = LivePlot(("loss", "accuracy"), title="pretraining")
     for step, loss in ((50, 4.0), (100, 3.0), (150, 2.5)):
         plot(step, {"loss": loss, "accuracy": 1 / loss, "grad_norm": 1.0})
-    assert plot.steps == [50, 100, 150] and plot.values["loss"] == [4.0, 3.0, 2.5]
+    assert plot.curves["loss"] == ([50, 100, 150], [4.0, 3.0, 2.5])
     x, y = plot.axes["loss"].lines[0].get_data()
     assert list(x) == [50, 100, 150] and list(y) == [4.0, 3.0, 2.5]
     assert plot.axes["accuracy"].get_title() == "accuracy"
+    assert plot.axes["loss"].get_legend() is None  # one curve: no legend
+
+
+def test_validation_metrics_draw_a_second_curve_on_the_same_axes():
+    plot = LivePlot(("loss",))
+    plot(50, {"loss": 4.0})
+    plot(100, {"loss": 3.0})
+    plot(100, {"validation/loss": 3.5, "validation/accuracy": 0.2})
+    (train_x, train_y), (valid_x, valid_y) = (line.get_data() for line in plot.axes["loss"].lines)
+    assert list(train_x) == [50, 100] and list(train_y) == [4.0, 3.0]
+    assert list(valid_x) == [100] and list(valid_y) == [3.5]
+    assert [text.get_text() for text in plot.axes["loss"].get_legend().get_texts()] == ["training", "validation"]

@@ -209,8 +209,9 @@ def test_metrics_go_to_tensorboard_and_history(tmp_path):
     trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0), TrainConfig(learning_rate=1e-2))
     logged = []
     result = train(trainer, Batches(copy_batch()), 4, tmp_path, log_every=2, eval_every=4,
-                   eval_batches=lambda: [copy_batch(seed=1)], on_log=lambda s, m: logged.append(s), progress=False)
-    assert logged == [2, 4] and [h["step"] for h in result.history] == [2, 4]
+                   eval_batches=lambda: [copy_batch(seed=1)], progress=False,
+                   on_log=lambda s, m: logged.append((s, "validation/loss" in m)))
+    assert logged == [(2, False), (4, False), (4, True)] and [h["step"] for h in result.history] == [2, 4]
     for name in ("loss", "accuracy", "z_loss", "learning_rate", "grad_norm", "seqs_per_s", "target_tokens_per_s", "mfu"):
         assert np.isfinite(result.history[-1][name]), name
     assert result.history[-1]["learning_rate"] == pytest.approx(1e-2)
@@ -229,8 +230,8 @@ def test_a_resumed_or_finished_run_returns_and_redraws_its_whole_curve(tmp_path)
     for num_steps in (6, 6):  # resumed at step 4, then called again when finished
         drawn = []
         resumed = train(trainer, Batches(copy_batch()), num_steps, tmp_path / "resumed",
-                        on_log=lambda step, metrics: drawn.append((step, metrics["loss"])), **common)
-        assert [(h["step"], h["loss"]) for h in resumed.history] == drawn
+                        on_log=lambda step, metrics: drawn.append((step, sorted(metrics)[0])), **common)
+        assert drawn == [(step, name) for step in (2, 4, 6) for name in ("accuracy", "validation/accuracy")]
         assert [h["step"] for h in resumed.history] == [h["step"] for h in straight.history] == [2, 4, 6]
         np.testing.assert_allclose([h["loss"] for h in resumed.history], [h["loss"] for h in straight.history],
                                    rtol=1e-6)  # event files keep float32

@@ -94,3 +94,22 @@ def test_parameters_in_another_form_are_refused_with_what_to_pass():
     flat = checkpoints.model_params(Transformer(get_config("t5.1.1-tiny", vocab_size=64), rngs=nnx.Rngs(0)))
     with pytest.raises(TypeError, match="init must be a model, as pretrained_model, checkpoints.load_hf"):
         workflow.finetune(PROFILE, tasks.QA, flat, num_steps=1)
+
+
+def test_pretraining_and_fine_tuning_log_validation_curves():
+    profile = t5nb.get_profile("ci")
+    lengths = workflow.feature_lengths(profile)
+    sample, again = (tasks.validation_batches(profile.pretrain_task, lengths, profile.batch_size, 2) for _ in "12")
+    assert len(sample) == 2 and all(np.array_equal(a[k], b[k]) for a, b in zip(sample, again) for k in a)
+    drawn = []
+    _, pretraining = workflow.pretrain(profile, on_log=lambda step, metrics: drawn.append((step, set(metrics))),
+                                       progress=False)
+    _, fine_tuning = workflow.finetune(profile, profile.finetune_task, None, progress=False)
+    for result, task, num_steps in ((pretraining, profile.pretrain_task, profile.pretrain_steps),
+                                    (fine_tuning, profile.finetune_task, profile.finetune_steps)):
+        steps = list(range(profile.eval_every, num_steps + 1, profile.eval_every))
+        assert len(steps) >= 2 and [step for step, _ in result.train_eval] == steps
+        assert all(math.isfinite(metrics["loss"]) for _, metrics in result.train_eval)
+        logged = evaluate.results_table(result.model_dir, kinds=("training_eval",), csv=False)
+        assert logged.index.tolist() == steps and f"training_eval/{task}/loss" in logged
+    assert [step for step, names in drawn if "validation/loss" in names] == [10, 20]  # the live plot's curve

@@ -9,6 +9,7 @@ an iterator that resumes exactly, and a preview of one example.
     batches.restore_pipeline(folder, state)  # costs a fraction of a second, not a replay
 """
 import dataclasses
+import itertools
 import json
 import pathlib
 import warnings
@@ -30,15 +31,23 @@ def get_dataset(task, feature_lengths: dict, batch_size: int, *, split: str = "t
                 pack: bool | None = None, shuffle: bool = True, seed: int = 0,
                 num_epochs: int | None = None, try_in_mem_cache: bool = True) -> tf.data.Dataset:
     """Batched model features from `seqio.EncDecFeatureConverter` (packing pretraining tasks
-    unless `pack` says otherwise); the same `seed` gives the same batches, in the same order.
+    unless `pack` says otherwise); the same `seed` gives the same batches, in the same order,
+    shuffled or not (it also seeds random preprocessing such as span corruption's noise).
     `num_epochs=None` repeats forever; the last partial batch is dropped. `try_in_mem_cache`
     must be False under `tfds.testing.mock_data`."""
     task = get_task(task)
     pack = is_pretraining(task) if pack is None else pack
-    dataset = task.get_dataset(feature_lengths, split=split, shuffle=shuffle, seed=seed if shuffle else None,
+    dataset = task.get_dataset(feature_lengths, split=split, shuffle=shuffle, seed=seed,
                                num_epochs=num_epochs, try_in_mem_cache=try_in_mem_cache)
     dataset = seqio.EncDecFeatureConverter(pack=pack)(dataset, task_feature_lengths=feature_lengths)
     return dataset.batch(batch_size, drop_remainder=True)
+
+
+def validation_batches(task, feature_lengths: dict, batch_size: int, num_batches: int) -> list[dict]:
+    """A fixed sample for a validation curve: the first `num_batches` numpy batches of `task`'s
+    validation split, unshuffled, the same in every run (fewer if the split is shorter)."""
+    batches = BatchIterator(task, feature_lengths, batch_size, split="validation", shuffle=False, num_epochs=1)
+    return list(itertools.islice(batches, num_batches))
 
 
 class BatchIterator:

@@ -2,8 +2,8 @@
 
 | task | objective |
 |---|---|
-| `facts_span_corruption` | span corruption on the corpus (train split only) |
-| `facts_salient_span_masking` | each corpus sentence with its fact's value masked (train only) |
+| `facts_span_corruption` | span corruption on the corpus; validation = one unseen paragraph per person |
+| `facts_salient_span_masking` | each corpus sentence with its fact's value masked (same splits) |
 | `facts_pretraining` | mixture: span corruption + salient span masking, about half the tokens each |
 | `facts_qa` | `trivia question: <question>` -> answer; validation = held-out people; EM/F1 |
 | `facts_fact_check` | `fact check: <statement>` -> `true`/`false`; validation = held-out people |
@@ -33,9 +33,11 @@ def _splits(stem: str, fields: dict) -> dict:
 def register_facts_tasks() -> list[str]:
     """Register the four facts tasks and the pretraining mixture for every vocabulary (again: a
     no-op); return the names."""
-    corpus = {"train": read_examples(DATA_DIR / "facts_corpus.txt")}
-    corpus_sentences = {"train": [{"targets": sentence} for example in corpus["train"]
-                                  for sentence in world.sentences(example["targets"])]}
+    corpus = {"train": read_examples(DATA_DIR / "facts_corpus.txt"),
+              "validation": read_examples(DATA_DIR / "facts_corpus_validation.txt")}
+    corpus_sentences = {split: [{"targets": sentence} for example in paragraphs
+                                for sentence in world.sentences(example["targets"])]
+                        for split, paragraphs in corpus.items()}
     qa = _splits("facts_qa", {"inputs": "question", "targets": "answer"})
     fact_check = _splits("facts_fact_check", {"inputs": "statement", "targets": "label"})
     names = []

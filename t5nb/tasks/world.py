@@ -5,7 +5,9 @@ instrument drawn uniformly from closed sets, so no question can be answered from
 patterns: the only way to answer "Where was Varo Tessmid born?" is to have read it.
 
 The pretraining corpus describes each person in several paragraphs, each with its own
-paraphrase of every fact and its own sentence order. Closed-book QA is split *by person*:
+paraphrase of every fact and its own sentence order. Its validation split, for the pretraining
+validation curve, is one more paragraph per person: never trained on as a paragraph, though
+about two thirds of its sentences occur in training paragraphs (the paraphrases are few). Closed-book QA is split *by person*:
 training questions ask about the `train` people, validation questions only about the
 `heldout` people, whose facts the model can only have seen in the pretraining corpus.
 
@@ -169,12 +171,12 @@ def statement(person: Person, relation: str, value: str, rng: random.Random) -> 
     return rng.choice(RELATIONS[relation][1]).format(name=person.name, value=value)
 
 
-def corpus(people: list[Person], seed: int = SEED) -> list[str]:
+def corpus(people: list[Person], seed: int | str = SEED, paragraphs_per_person: int = PARAGRAPHS_PER_PERSON) -> list[str]:
     """Pretraining paragraphs: each person several times, shuffled facts and paraphrases."""
     rng = random.Random(seed)
     paragraphs = []
     for person in people:
-        for _ in range(PARAGRAPHS_PER_PERSON):
+        for _ in range(paragraphs_per_person):
             relations = list(RELATIONS)
             rng.shuffle(relations)
             paragraphs.append(" ".join(statement(person, r, person.facts[r], rng) for r in relations))
@@ -236,6 +238,7 @@ def write_world(out: str | pathlib.Path) -> dict:
     paths = {
         "facts": out / "facts.jsonl",
         "corpus": out / "facts_corpus.txt",
+        "corpus_validation": out / "facts_corpus_validation.txt",
         "qa_train": out / "facts_qa_train.jsonl",
         "qa_validation": out / "facts_qa_validation.jsonl",
         "fact_check_train": out / "facts_fact_check_train.jsonl",
@@ -245,6 +248,8 @@ def write_world(out: str | pathlib.Path) -> dict:
         {"entity": p.name, "relation": r, "value": v, "split": p.split} for p in people for r, v in p.facts.items()
     ])
     paths["corpus"].write_text("".join(line + "\n" for line in corpus(people)), encoding="utf-8")
+    validation = corpus(people, seed=f"{SEED}-validation", paragraphs_per_person=1)
+    paths["corpus_validation"].write_text("".join(line + "\n" for line in validation), encoding="utf-8")
     _write_jsonl(paths["qa_train"], qa_examples(people, "train"))
     _write_jsonl(paths["qa_validation"], qa_examples(people, "heldout"))
     _write_jsonl(paths["fact_check_train"], fact_check_examples(people, "train"))
