@@ -1,4 +1,10 @@
-"""Notebook widgets: ask a trained model a question."""
+"""Notebook widgets: ask a trained model a question; TensorBoard inline."""
+import atexit
+import os
+import pathlib
+import signal
+import sys
+
 import ipywidgets as widgets
 
 
@@ -29,3 +35,33 @@ class AskWidget:
         from IPython.display import display
 
         display(self.view)
+
+
+def tensorboard(*logdirs, height: int = 560) -> None:
+    """TensorBoard inline on one or more run directories (runs named by their folder), in
+    Colab and in Jupyter. Start it before training and the curves fill in as the runs write
+    them (it rereads the logs every 5 s), even for runs that do not exist yet. A server this
+    call starts stops when the kernel exits; one already serving the same runs is reused."""
+    from tensorboard import manager, notebook
+
+    tensorboard_command = pathlib.Path(sys.executable).with_name("tensorboard")  # the kernel's own
+    if tensorboard_command.exists():
+        os.environ.setdefault("TENSORBOARD_BINARY", str(tensorboard_command))
+    paths = [pathlib.Path(logdir) for logdir in logdirs]
+    where = (["--logdir", str(paths[0])] if len(paths) == 1 else
+             ["--logdir_spec", ",".join(f"{path.name}:{path}" for path in paths)])
+    started = manager.start([*where, "--reload_interval", "5"])
+    if not hasattr(started, "info"):  # failed or timed out: say why, the run goes on
+        print(f"TensorBoard did not start ({type(started).__name__}: {started}); "
+              f"run `tensorboard {' '.join(where)}` in a terminal")
+        return
+    if isinstance(started, manager.StartLaunched):
+        atexit.register(_stop, started.info.pid)
+    notebook.display(port=started.info.port, height=height)
+
+
+def _stop(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass

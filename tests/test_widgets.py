@@ -1,3 +1,8 @@
+import pathlib
+import subprocess
+import sys
+import time
+
 from t5nb.widgets import AskWidget
 
 
@@ -14,3 +19,22 @@ def test_ask_widget_shows_the_answer_of_the_predictor():
     widget.question.value = ""
     widget.button.click()  # an empty box asks the placeholder question
     assert asked == ["where was ada born?", "who?"] and "WHO?" in widget.answer.value
+
+
+def test_tensorboard_serves_the_run_and_stops_with_the_kernel(tmp_path):
+    """In a process standing in for the kernel: the server it starts answers for `logdir`, and
+    is gone once that process exits."""
+    script = ("import json, urllib.request\nfrom tensorboard import manager\nfrom t5nb import widgets\n"
+              "before = {info.pid for info in manager.get_all()}\n"
+              f"widgets.tensorboard({str(tmp_path / 'a')!r}, {str(tmp_path / 'b')!r})\n"
+              "info = next(info for info in manager.get_all() if info.pid not in before)\n"
+              "runs = json.load(urllib.request.urlopen(f'http://localhost:{info.port}/data/environment'))\n"
+              "print(info.pid, runs['data_location'])\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    pid, served = result.stdout.split()[-2:]
+    assert served == f"a:{tmp_path / 'a'},b:{tmp_path / 'b'}"  # both runs, named by folder
+    deadline = time.time() + 10
+    while pathlib.Path(f"/proc/{pid}").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert not pathlib.Path(f"/proc/{pid}").exists(), f"TensorBoard (pid {pid}) outlived its kernel"
