@@ -1,11 +1,20 @@
-"""The course notebooks: committed clean, each with its own Open-in-Colab badge."""
+"""The course notebooks: each with its own Open-in-Colab badge, committed without outputs except
+the deterministic ones nbval compares."""
+import importlib.util
 import json
+import os
 import pathlib
+import subprocess
+import sys
 
 import nbformat
 import pytest
 
 from t5nb.course import NOTEBOOKS, run_course
+
+_spec = importlib.util.spec_from_file_location("record_outputs", NOTEBOOKS.parent / "scripts" / "record_outputs.py")
+record_outputs = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(record_outputs)
 
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 
@@ -15,13 +24,39 @@ def test_the_course_starts_with_setup():
 
 
 @pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
-def test_notebook_has_colab_badge_and_no_outputs(path):
+def test_notebook_has_colab_badge_and_outputs_only_where_nbval_checks_them(path):
     nb = json.loads(path.read_text())
     badge = f"colab.research.google.com/github/t5nb/t5nb/blob/main/notebooks/{path.name}"
     assert badge in "".join(nb["cells"][0]["source"])
-    for cell in nb["cells"]:
-        if cell["cell_type"] == "code":
-            assert cell["outputs"] == [] and cell["execution_count"] is None, path.name
+    for index, cell in enumerate(nb["cells"]):
+        assert cell.get("id"), f"{path.name} cell {index} has no id"
+        if cell["cell_type"] != "code":
+            continue
+        if record_outputs.is_checked(cell):  # run by scripts/record_outputs.py: a reference to compare
+            assert cell["outputs"] and cell["execution_count"], f"{path.name} cell {index}: record its outputs"
+        else:
+            assert cell["outputs"] == [] and cell["execution_count"] is None, f"{path.name} cell {index}"
+
+
+def test_at_least_ten_cells_have_outputs_that_nbval_compares():
+    checked = [cell for path in PATHS for cell in json.loads(path.read_text())["cells"] if record_outputs.is_checked(cell)]
+    assert len(checked) >= 10
+
+
+def test_a_changed_output_fails_nbval(tmp_path):
+    """The committed outputs are a reference: nbval fails a notebook whose checked cell prints
+    something else (here 00_setup's model sizes, with one digit changed)."""
+    nb = json.loads((NOTEBOOKS / "00_setup.ipynb").read_text())
+    cell = next(cell for cell in nb["cells"] if record_outputs.is_checked(cell) and "PRESETS" in "".join(cell["source"]))
+    lines = cell["outputs"][0]["text"]
+    lines[1] = lines[1].replace("60.5 M", "60.6 M")
+    (tmp_path / "00_setup.ipynb").write_text(json.dumps(nb, indent=1))
+    env = {**os.environ, "T5NB_PROFILE": "ci", "T5NB_RUNS_DIR": str(tmp_path / "runs")}
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval-lax",
+                             "--nbval-current-env", tmp_path / "00_setup.ipynb"],
+                            capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert result.returncode == 1, result.stdout[-3000:]
+    assert "1 failed" in result.stdout and "60.6 M" in result.stdout and "60.5 M" in result.stdout
 
 
 def test_run_course_writes_notebook_log_and_results_even_on_failure(tmp_path):

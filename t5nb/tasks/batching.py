@@ -39,6 +39,8 @@ def get_dataset(task, feature_lengths: dict, batch_size: int, *, split: str = "t
     pack = is_pretraining(task) if pack is None else pack
     dataset = task.get_dataset(feature_lengths, split=split, shuffle=shuffle, seed=seed,
                                num_epochs=num_epochs, try_in_mem_cache=try_in_mem_cache)
+    dataset = dataset.map(lambda example: {k: v for k, v in example.items() if k in feature_lengths})  # the
+    # text the model never sees (`*_pretokenized`, `answers`), which the packing converter warns about
     dataset = seqio.EncDecFeatureConverter(pack=pack)(dataset, task_feature_lengths=feature_lengths)
     return dataset.batch(batch_size, drop_remainder=True)
 
