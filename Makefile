@@ -23,7 +23,8 @@ $(VENV)/.test: $(VENV)/.base requirements/test.lock
 	$(PY) -m pip check
 	touch $@
 
-# The main job: the whole course, headless, on this machine's default profile.
+# The main job: the whole course, headless, on this machine's default profile. To publish its
+# numbers: `python scripts/course_table.py` (docs/course_results.json and the README's table).
 course: $(VENV)/.base
 	$(PY) -m t5nb course --fresh --out runs
 

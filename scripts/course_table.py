@@ -1,0 +1,59 @@
+"""The README's course numbers, from the results of a `make course` run.
+
+    python scripts/course_table.py [RESULTS]    # RESULTS: default runs/results.json
+
+copies RESULTS to docs/course_results.json, the committed record of the last measured course,
+and rewrites the README's course table (between its `course-table` markers) from that record.
+tests/test_readme.py fails when the README and the record disagree.
+"""
+import json
+import pathlib
+import re
+import shutil
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+RECORD = ROOT / "docs" / "course_results.json"
+START, END = "<!-- course-table: written by scripts/course_table.py -->", "<!-- /course-table -->"
+
+
+def headlines(r: dict) -> dict[str, str]:
+    """One line per training notebook, each number read from `r` (results.json)."""
+    pre, fc, qa, ev = r["02_pretraining"], r["03_finetuning"], r["04_closed_book_qa"], r["05_evaluation"]
+    book = qa["closed_book"]
+    return {
+        "02_pretraining": f"{pre['steps']:,} steps on span corruption + salient span masking; final loss "
+                          f"{pre['final_loss']:.2f}, token accuracy {pre['final_accuracy']:.2f}",
+        "03_finetuning": f"fact check on held-out people: {fc['fact_check']['pretrained']['accuracy']:.1f}% from "
+                         f"pretrained, {fc['fact_check']['scratch']['accuracy']:.1f}% from scratch",
+        "04_closed_book_qa": f"held-out-people EM **{book['pretrained']['em']:.1f}%** from the pretrained model, "
+                             f"**{book['scratch']['em']:.1f}%** from random init ({book['n_heldout']:,} questions)",
+        "05_evaluation": f"teacher-forced token accuracy {ev['teacher_forced']['accuracy']:.2f}; decoded EM "
+                         f"{ev['decoded']['em']:.1f}%",
+    }
+
+
+def table(results: dict) -> str:
+    """The markdown between the markers: total wall time, then one row per training notebook."""
+    total = sum(entry["wall_s"] for entry in results.values())
+    rows = [f"| `{name}` | {results[name]['wall_s']:.0f} s | {line} |" for name, line in headlines(results).items()]
+    return "\n".join([f"`make course` took {int(total // 60)} min {total % 60:.0f} s in all "
+                      "(`docs/course_results.json` holds its numbers):", "",
+                      "| notebook | wall | headline |", "|---|---:|---|", *rows])
+
+
+def render(readme: str, results: dict) -> str:
+    """`readme` with its course table replaced by the one `results` gives."""
+    pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.S)
+    if not pattern.search(readme):
+        raise ValueError(f"README.md has no {START} ... {END} block")
+    return pattern.sub(lambda _: f"{START}\n{table(results)}\n{END}", readme)
+
+
+if __name__ == "__main__":
+    source = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "runs" / "results.json"
+    if source.resolve() != RECORD.resolve():
+        shutil.copy(source, RECORD)
+    readme = ROOT / "README.md"
+    readme.write_text(render(readme.read_text(encoding="utf-8"), json.loads(RECORD.read_text())), encoding="utf-8")
+    print(f"{RECORD.relative_to(ROOT)} and README.md's course table updated from {source}")
