@@ -63,6 +63,11 @@ def finetune_dir(profile: Profile, task, name: str = "") -> pathlib.Path:
     return runs_dir() / profile.name / f"finetune_{tasks.get_task(task).name}{'_' + name if name else ''}"
 
 
+def pretraining_batches(profile: Profile) -> tasks.BatchIterator:
+    """The pretraining data stream from its start: `pretrain` trains on exactly these batches."""
+    return tasks.BatchIterator(profile.pretrain_task, feature_lengths(profile), profile.batch_size)
+
+
 def pretraining_trainer(profile: Profile, mesh=None) -> Trainer:
     """T5.1.1 pretraining: no dropout, Adafactor with T5X's rsqrt decay (1e-2 for 10k steps)."""
     return Trainer(model_config(profile, dropout_rate=0.0), TrainConfig(warmup_steps=10_000), mesh)
@@ -86,7 +91,7 @@ def pretrain(profile: Profile, num_steps: int | None = None, trainer: Trainer | 
     """
     trainer = trainer or pretraining_trainer(profile)
     num_steps = num_steps or profile.pretrain_steps
-    batches = tasks.BatchIterator(profile.pretrain_task, feature_lengths(profile), profile.batch_size)
+    batches = pretraining_batches(profile)
     result = train(trainer, batches, num_steps, pretraining_dir(profile),
                    checkpoint_every=max(1, profile.pretrain_steps // 4), log_every=25,
                    task_name=profile.pretrain_task, on_log=on_log, progress=progress,
@@ -145,5 +150,5 @@ def finetune_and_evaluate(profile: Profile, task, init: Transformer | None, name
 
 
 __all__ = ["TrainResult", "feature_lengths", "finetune", "finetune_and_evaluate", "finetune_dir", "finetune_lengths",
-           "model_config", "pretrain", "pretrained_model", "pretraining_dir", "pretraining_trainer",
+           "model_config", "pretrain", "pretrained_model", "pretraining_batches", "pretraining_dir", "pretraining_trainer",
            "record_headline", "runs_dir", "validation"]

@@ -195,6 +195,18 @@ def qa_examples(people: list[Person], split: str) -> list[dict]:
     ]
 
 
+def parse_question(question: str) -> tuple[str, str] | None:
+    """(relation, person) of a question in one of the world's forms (with or without the QA
+    prefix); None for any other question."""
+    question = question.removeprefix(QA_PREFIX)
+    for relation, (_, _, forms) in RELATIONS.items():
+        for form in forms:
+            before, after = form.split("{name}")
+            if question.startswith(before) and question.endswith(after) and len(question) > len(before + after):
+                return relation, question[len(before):len(question) - len(after)]
+    return None
+
+
 def fact_check_examples(people: list[Person], split: str, seed: int = SEED) -> list[dict]:
     """One true and one false statement per fact of the people of one split."""
     rng = random.Random(f"{seed}-fact-check-{split}")

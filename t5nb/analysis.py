@@ -1,0 +1,59 @@
+"""Error analysis of decoded predictions (`evaluate.read_predictions`): which answers are wrong,
+where the errors cluster, and whether the model's own score tells right answers from wrong."""
+import collections
+
+import pandas as pd
+from t5.evaluation import qa_utils
+from tqdm.auto import tqdm
+
+from t5nb.tasks import world
+
+
+def with_correctness(predictions: pd.DataFrame) -> pd.DataFrame:
+    """`predictions` plus `correct`: the prediction equals one of the accepted answers after
+    T5's SQuAD normalisation (per question, the exact match `t5.evaluation.metrics.squad` averages)."""
+    answers = predictions["target"].map(lambda target: target if isinstance(target, list) else [target])
+    correct = [any(qa_utils.normalize_squad(prediction) == qa_utils.normalize_squad(answer) for answer in accepted)
+               for prediction, accepted in zip(predictions["prediction"], answers)]
+    return predictions.assign(correct=correct)
+
+
+def with_question_facts(predictions: pd.DataFrame) -> pd.DataFrame:
+    """`predictions` plus `relation` and `person` of each facts-world question (missing for
+    questions in other forms, such as NQ's or TriviaQA's)."""
+    parsed = [world.parse_question(question) or (None, None) for question in predictions["input"]]
+    return predictions.assign(relation=[relation for relation, _ in parsed], person=[person for _, person in parsed])
+
+
+def accuracy_by(scored: pd.DataFrame, by) -> pd.DataFrame:
+    """Questions and exact match (%) per group of `by` (a column name or a Series)."""
+    return scored.groupby(by, observed=True)["correct"].agg(questions="size", em=lambda c: round(100 * c.mean(), 1))
+
+
+def reliability(scored: pd.DataFrame, bins: int = 8) -> pd.DataFrame:
+    """Exact match per bin of sequence score (the log-likelihood of the decoded answer), bins
+    of equal size from least to most confident: if the score tells right from wrong, the
+    exact match rises from bin to bin."""
+    bin_of = pd.qcut(scored["score"].rank(method="first"), bins, labels=False)
+    return scored.groupby(bin_of).agg(mean_score=("score", "mean"), em=("correct", lambda c: 100 * c.mean()),
+                                      questions=("correct", "size"))
+
+
+def mention_counts(batches, vocabulary, names, num_batches: int) -> pd.Series:
+    """How many rows of the first `num_batches` of `batches` (a fresh iterator over a run's
+    training data, so the very batches it trained on) mention each of `names`, in their
+    decoded inputs and targets. No names: nothing is read."""
+    counts = collections.Counter({name: 0 for name in names})
+    for _ in tqdm(range(num_batches if counts else 0), desc="reading the training batches", unit="batch"):
+        batch = next(batches)
+        for inputs, targets in zip(batch["encoder_input_tokens"], batch["decoder_target_tokens"]):
+            text = vocabulary.decode(inputs.tolist()) + " " + vocabulary.decode(targets.tolist())
+            counts.update([name for name in counts if name in text])
+    return pd.Series(counts, name="mentions", dtype=int)
+
+
+def accuracy_by_quantiles(scored: pd.DataFrame, column: str, bins: int = 4) -> pd.DataFrame:
+    """Exact match per quantile bin of a numeric `column` (rows where it is missing left out)."""
+    known = scored.dropna(subset=[column])
+    groups = pd.qcut(known[column], bins, duplicates="drop") if len(known) else known[column]
+    return accuracy_by(known, groups)

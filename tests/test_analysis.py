@@ -1,0 +1,63 @@
+"""Error analysis: correctness as T5's SQuAD EM counts it, groups, the score's reliability, and
+how often each person appears in the training batches."""
+import numpy as np
+import pandas as pd
+import pytest
+from t5.evaluation import metrics as t5_metrics
+
+from t5nb import analysis, tasks
+from t5nb.tasks import world
+
+PREDICTIONS = pd.DataFrame({
+    "input": ["trivia question: Where was Ada Klimberg born?", "trivia question: Who employs Ada Klimberg?",
+              "trivia question: When was Ida Brelmov born?", "who wrote the iliad?"],
+    "target": [["Havana"], ["Glimora"], ["1950"], ["Homer", "homer (poet)"]],
+    "prediction": ["havana.", "Strativ", "1950", "Homer"],
+    "score": [-0.1, -2.0, -0.3, -0.5],
+})
+
+
+def test_correct_is_squad_exact_match_per_question():
+    scored = analysis.with_correctness(PREDICTIONS)
+    assert scored["correct"].tolist() == [True, False, True, True]
+    squad = t5_metrics.squad(PREDICTIONS["target"].tolist(), PREDICTIONS["prediction"].tolist())
+    assert 100 * scored["correct"].mean() == pytest.approx(squad["em"])
+
+
+def test_facts_questions_give_relation_and_person_and_others_nothing():
+    scored = analysis.with_question_facts(analysis.with_correctness(PREDICTIONS))
+    assert scored["relation"].fillna("-").tolist() == ["birth_city", "employer", "birth_year", "-"]
+    assert scored["person"].fillna("-").tolist() == ["Ada Klimberg", "Ada Klimberg", "Ida Brelmov", "-"]
+    by_relation = analysis.accuracy_by(scored, "relation")
+    assert by_relation.to_dict("index") == {"birth_city": {"questions": 1, "em": 100.0},
+                                            "birth_year": {"questions": 1, "em": 100.0},
+                                            "employer": {"questions": 1, "em": 0.0}}
+
+
+def test_every_question_form_of_the_world_parses_back():
+    for relation, (_, _, forms) in world.RELATIONS.items():
+        for form in forms:
+            assert world.parse_question(world.QA_PREFIX + form.format(name="Nela Tassett")) == (relation, "Nela Tassett")
+
+
+def test_reliability_bins_are_equal_and_ordered_by_score():
+    scored = pd.DataFrame({"score": np.linspace(-4, 0, 40), "correct": np.linspace(-4, 0, 40) > -1})
+    table = analysis.reliability(scored, bins=4)
+    assert table["questions"].tolist() == [10] * 4
+    assert table["mean_score"].is_monotonic_increasing and table["em"].tolist() == [0.0, 0.0, 0.0, 100.0]
+
+
+def test_mention_counts_count_rows_of_the_very_batches_that_mention_each_name():
+    lengths, vocabulary = {"inputs": 64, "targets": 16}, tasks.get_vocabulary("facts")
+    names = ["Nela Tassett", "Yara Fexwick", "Nobody Atall"]
+    counts = analysis.mention_counts(tasks.BatchIterator("facts_pretraining", lengths, 4), vocabulary, names, 5)
+    expected = dict.fromkeys(names, 0)
+    batches = tasks.BatchIterator("facts_pretraining", lengths, 4)
+    for _ in range(5):
+        batch = next(batches)
+        for row in range(4):
+            text = " ".join(vocabulary.decode(batch[k][row].tolist()) for k in ("encoder_input_tokens", "decoder_target_tokens"))
+            for name in names:
+                expected[name] += name in text
+    assert counts.to_dict() == expected and counts["Nobody Atall"] == 0
+    assert analysis.mention_counts(iter(()), vocabulary, [], 1000).empty  # no names: no batch is read
