@@ -4,6 +4,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 
@@ -71,3 +72,31 @@ def test_run_course_writes_notebook_log_and_results_even_on_failure(tmp_path):
     assert "hello from the kernel" in (tmp_path / "runs" / "00_demo.log").read_text()
     assert json.loads((tmp_path / "runs" / "results.json").read_text()) == results
     assert (tmp_path / "runs" / "00_demo.ipynb").exists()
+
+
+def test_every_notebook_has_exercises_with_a_hidden_solution_and_a_check():
+    from t5nb.exercises import EXERCISES
+
+    checked = []
+    for path in PATHS:
+        cells = [cell for cell in json.loads(path.read_text())["cells"] if cell["cell_type"] == "code"]
+        sources = ["".join(cell["source"]) for cell in cells]
+        names = re.findall(r'check\("(\d\d\.\d)"', "\n".join(sources))
+        assert len(names) >= 2 and all(name.startswith(path.name[:2]) for name in names), path.name
+        for name in names:
+            at = next(i for i, source in enumerate(sources) if f'check("{name}"' in source)
+            assert sources[at - 2].startswith(f"# Exercise {name}:") and sources[at - 2].endswith("answer = ...")
+            assert cells[at - 1]["metadata"] == {"cellView": "form", "jupyter": {"source_hidden": True}}
+            assert "if answer is ...:" in sources[at - 1]  # the solution: CI runs it, a reader's answer stays
+        checked += names
+    assert sorted(checked) == sorted(EXERCISES)
+
+
+def test_a_check_refuses_a_wrong_or_missing_answer_and_names_the_question():
+    from t5nb.exercises import check
+
+    check("01.2", 8 / 9)
+    with pytest.raises(AssertionError, match=r"01\.2: 0\.5 is not the fraction of facts_pretraining's examples"):
+        check("01.2", 0.5)
+    with pytest.raises(AssertionError, match=r"replace `\.\.\.` with your answer"):
+        check("01.2", ...)

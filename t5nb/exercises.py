@@ -1,0 +1,66 @@
+"""The course's exercises: `check(name, answer, **context)` compares a reader's answer with the
+value computed here from the notebook's own objects (`context`), so the check cell does not
+give the solution away. Each notebook's solutions sit in collapsed cells that fill `answer` only
+where the reader left it as `...`; CI runs them, so every check is exercised."""
+import math
+
+import jax
+import numpy as np
+
+from t5nb import checkpoints, config, tasks
+
+
+def _parameters(vocab_size: int) -> int:
+    return sum(p.size for p in checkpoints.abstract_params(config.get_config("t5.1.1-base", vocab_size=vocab_size)).values())
+
+
+# name -> (question, expected(**context), tolerance: None for equality, else absolute)
+EXERCISES = {
+    "00.1": ("parameters of T5.1.1-base with the facts vocabulary",
+             lambda: _parameters(tasks.get_vocabulary("facts").vocab_size), None),
+    "00.2": ("GB (1e9 bytes) of T5.1.1-small's float32 parameters",
+             lambda: sum(p.size for p in checkpoints.abstract_params(config.get_config("t5.1.1-small")).values()) * 4 / 1e9,
+             1e-3),
+    "01.1": ("pieces of 'Ada Klimberg plays the mandolin.' in the facts vocabulary, without EOS",
+             lambda: len(tasks.get_vocabulary("facts").encode("Ada Klimberg plays the mandolin.")), None),
+    "01.2": ("fraction of facts_pretraining's examples that come from salient span masking",
+             lambda: (lambda m: m.get_rate(tasks.get_task("facts_salient_span_masking")) / m.total_rate)(
+                 tasks.get_task("facts_pretraining")), 1e-6),
+    "02.1": ("cross-entropy at one position, logits [1, 2, 3], target 0, no z-loss",
+             lambda: -float(jax.nn.log_softmax(np.array([1.0, 2.0, 3.0]))[0]), 1e-4),
+    "02.2": ("steps at which the pretraining run keeps checkpoints, ascending",
+             lambda model_dir: sorted(int(p.name) for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit()),
+             None),
+    "03.1": ("accuracy (%) of always answering `true` on the pretrained run's validation predictions",
+             lambda predictions: 100 * float(np.mean([_text(t) == "true" for t in predictions["target"]])), 1e-6),
+    "03.2": ("the run ('pretrained' or 'scratch') whose final validation loss exceeds its final training loss more",
+             lambda runs: max(runs, key=lambda name: runs[name].train_eval[-1][1]["loss"] - runs[name].history[-1]["loss"]),
+             None),
+    "04.1": ("the relation with the lowest EM (None where the questions have no relation)",
+             lambda by_relation: by_relation["em"].idxmin() if len(by_relation) else None, None),
+    "04.2": ("EM (%) on the 75% of questions with the highest score",
+             lambda scored: 100 * float(scored.nlargest(math.ceil(0.75 * len(scored)), "score")["correct"].mean()),
+             1e-6),
+    "05.1": ("whether beam search with num_decodes=1 gives the greedy answers (True or False)",
+             lambda greedy, beam_of_one: bool(np.array_equal(np.asarray(greedy), np.asarray(beam_of_one))), None),
+    "05.2": ("points by which teacher-forced token accuracy (%) exceeds decoded EM",
+             lambda forced, decoded: 100 * forced["accuracy"] - decoded["em"], 1e-6),
+}
+
+
+def _text(target) -> str:
+    return target[0] if isinstance(target, list) else target
+
+
+def check(name: str, answer, **context) -> None:
+    """Print a tick if `answer` is right; otherwise raise AssertionError saying what was asked."""
+    question, expected, tolerance = EXERCISES[name]
+    if answer is ...:
+        raise AssertionError(f"exercise {name}: replace `...` with your answer ({question})")
+    expected = expected(**context)
+    right = answer == expected if tolerance is None else (
+        isinstance(answer, (int, float)) and math.isclose(answer, expected, rel_tol=0, abs_tol=tolerance))
+    if not right:
+        raise AssertionError(f"exercise {name}: {answer!r} is not the {question}; try again, or expand the "
+                             f"solution cell above")
+    print(f"✓ exercise {name}: right, the {question} is {answer!r}")
