@@ -57,3 +57,14 @@ def accuracy_by_quantiles(scored: pd.DataFrame, column: str, bins: int = 4) -> p
     known = scored.dropna(subset=[column])
     groups = pd.qcut(known[column], bins, duplicates="drop") if len(known) else known[column]
     return accuracy_by(known, groups)
+
+
+def confusion(predictions: pd.DataFrame, top: int = 10) -> pd.DataFrame:
+    """Counts of (gold answer, prediction) for a classification task: the `top` most frequent
+    gold answers as rows, the predictions as columns (any answer that is none of those rows'
+    labels counts under "(other)")."""
+    gold = predictions["target"].map(lambda target: target[0] if isinstance(target, list) else target)
+    labels = gold.value_counts().index[:top]
+    predicted = predictions["prediction"].where(predictions["prediction"].isin(labels), "(other)")
+    keep = gold.isin(labels)
+    return pd.crosstab(gold[keep].rename("gold"), predicted[keep].rename("predicted"))
