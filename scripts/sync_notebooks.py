@@ -17,6 +17,7 @@ COLAB = "https://colab.research.google.com/github/"
 BADGE_LINK = re.compile(re.escape(COLAB) + r"[^/\s]+/[^/\s]+/blob/[^/\s]+/")
 SETUP = """\
 # Setup. On Colab this fetches and installs t5nb (a few minutes); locally `make setup` did it.
+KEEP_RUNS_ON_DRIVE = False  # Colab: True keeps runs/ in your Google Drive, for later sessions and notebooks
 import sys
 if "google.colab" in sys.modules:
     !test -d /content/t5nb || git clone -q --depth 1 -b {branch} https://github.com/{repo} /content/t5nb
@@ -25,7 +26,9 @@ if "google.colab" in sys.modules:
     if google.protobuf.__version__ != importlib.metadata.version("protobuf"):  # imported before the upgrade
         raise SystemExit("protobuf was upgraded: Runtime > Restart session, then run this cell again")
     sys.path.insert(0, "/content/t5nb")
-import t5nb"""
+import t5nb
+if KEEP_RUNS_ON_DRIVE:
+    t5nb.system.keep_runs_on_drive()"""
 
 
 def repository(root=ROOT) -> tuple[str, str]:

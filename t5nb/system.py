@@ -1,5 +1,6 @@
 """What machine is this: Colab or local, package versions, devices, a timed matmul."""
 import importlib.metadata
+import os
 import platform
 import sys
 import time
@@ -13,6 +14,25 @@ PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "seqio-nightly
 
 def in_colab() -> bool:
     return "google.colab" in sys.modules
+
+
+DRIVE = "/content/drive"  # where Colab mounts Google Drive
+
+
+def keep_runs_on_drive(folder: str = "t5nb/runs") -> str:
+    """On Colab, mount Google Drive and send every run (checkpoints, logs, predictions) to
+    `MyDrive/<folder>` through `T5NB_RUNS_DIR`, so that they outlive the runtime and every
+    notebook finds notebook 02's pretraining there. Returns the folder; elsewhere, refuses."""
+    if not in_colab():
+        raise RuntimeError("keep_runs_on_drive is for Colab; elsewhere runs stay in T5NB_RUNS_DIR or runs/")
+    from google.colab import drive
+
+    drive.mount(DRIVE)
+    path = f"{DRIVE}/MyDrive/{folder}"
+    os.makedirs(path, exist_ok=True)
+    os.environ["T5NB_RUNS_DIR"] = path
+    print(f"runs go to {path} (Google Drive)")
+    return path
 
 
 def versions() -> dict[str, str]:

@@ -91,3 +91,20 @@ def test_colab_setup_keeps_colab_runtime_and_t5nb_runs_on_it(tmp_path):
 
     run("bash", ROOT / "scripts" / "colab_setup.sh")  # every notebook's setup cell runs it again
     assert freeze() == after
+
+
+def test_keep_runs_on_drive_mounts_drive_and_points_every_run_there(tmp_path, monkeypatch):
+    import types
+
+    from t5nb import get_profile, system, workflow
+
+    mounted = []
+    colab = types.ModuleType("google.colab")
+    colab.drive = types.SimpleNamespace(mount=mounted.append)
+    monkeypatch.setitem(sys.modules, "google.colab", colab)
+    monkeypatch.setattr(system, "DRIVE", str(tmp_path / "drive"))
+    monkeypatch.delenv("T5NB_RUNS_DIR", raising=False)
+    path = system.keep_runs_on_drive()
+    assert mounted == [str(tmp_path / "drive")] and path == f"{tmp_path}/drive/MyDrive/t5nb/runs"
+    assert workflow.runs_dir() == pathlib.Path(path) and pathlib.Path(path).is_dir()
+    assert workflow.pretraining_dir(get_profile("cpu")) == pathlib.Path(path) / "cpu" / "pretraining"
