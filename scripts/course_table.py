@@ -19,15 +19,14 @@ START, END = "<!-- course-table: written by scripts/course_table.py -->", "<!-- 
 
 def headlines(r: dict) -> dict[str, str]:
     """One line per training notebook, each number read from `r` (results.json)."""
-    pre, fc, qa, ev = r["02_pretraining"], r["03_finetuning"], r["04_closed_book_qa"], r["05_evaluation"]
-    book = qa["closed_book"]
+    pre, fc, qa, ev = r["02_pretraining"]["pretraining"], r["03_finetuning"], r["04_closed_book_qa"], r["05_evaluation"]
     return {
         "02_pretraining": f"{pre['steps']:,} steps on span corruption + salient span masking; final loss "
                           f"{pre['final_loss']:.2f}, token accuracy {pre['final_accuracy']:.2f}",
-        "03_finetuning": f"fact check on held-out people: {fc['fact_check']['pretrained']['accuracy']:.1f}% from "
-                         f"pretrained, {fc['fact_check']['scratch']['accuracy']:.1f}% from scratch",
-        "04_closed_book_qa": f"held-out-people EM **{book['pretrained']['em']:.1f}%** from the pretrained model, "
-                             f"**{book['scratch']['em']:.1f}%** from random init ({book['n_heldout']:,} questions)",
+        "03_finetuning": f"fact check on held-out people: {fc['pretrained']['accuracy']:.1f}% from "
+                         f"pretrained, {fc['scratch']['accuracy']:.1f}% from scratch",
+        "04_closed_book_qa": f"held-out-people EM **{qa['pretrained']['em']:.1f}%** from the pretrained model, "
+                             f"**{qa['scratch']['em']:.1f}%** from random init ({qa['pretrained']['examples']:,} questions)",
         "05_evaluation": f"teacher-forced token accuracy {ev['teacher_forced']['accuracy']:.2f}; decoded EM "
                          f"{ev['decoded']['em']:.1f}%",
     }

@@ -15,6 +15,7 @@ from t5nb.profiles import Profile, compute_dtype
 from t5nb.system import in_colab
 from t5nb.model import Transformer
 from t5nb.train import Trainer, TrainConfig, TrainResult, params_of, train
+from t5nb.train import evaluate as teacher_forced
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 
@@ -25,11 +26,17 @@ def runs_dir() -> pathlib.Path:
     return pathlib.Path(os.environ.get("T5NB_RUNS_DIR", default))
 
 
-def record_headline(notebook: str, **numbers) -> None:
-    """Save a notebook's headline numbers; `t5nb course` puts them into `runs/results.json`."""
+def record_headline(**numbers) -> None:
+    """Course bookkeeping, done by the calls below, not by the notebooks: under `t5nb course`,
+    which names the notebook it runs in `T5NB_NOTEBOOK`, merge `numbers` into that notebook's
+    headline (`t5nb course` puts it into `runs/results.json`); anywhere else, nothing."""
+    notebook = os.environ.get("T5NB_NOTEBOOK")
+    if not notebook:
+        return
     path = runs_dir() / "headlines" / f"{notebook}.json"
+    recorded = json.loads(path.read_text()) if path.exists() else {}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(numbers, indent=2, default=float) + "\n")
+    path.write_text(json.dumps({**recorded, **numbers}, indent=2, default=float) + "\n")
 
 
 def model_config(profile: Profile, task=None, **changes) -> T5Config:
@@ -96,6 +103,8 @@ def pretrain(profile: Profile, num_steps: int | None = None, trainer: Trainer | 
                    checkpoint_every=max(1, profile.pretrain_steps // 4), log_every=25,
                    task_name=profile.pretrain_task, on_log=on_log, progress=progress,
                    **validation(profile, profile.pretrain_task, feature_lengths(profile)))
+    last = result.history[-1]
+    record_headline(pretraining={"steps": last["step"], "final_loss": last["loss"], "final_accuracy": last["accuracy"]})
     return trainer, result
 
 
@@ -143,12 +152,30 @@ def finetune_and_evaluate(profile: Profile, task, init: Transformer | None, name
         raise ValueError(f"task {tasks.get_task(task).name!r} has no split {split!r} to evaluate on; "
                          f"its splits: {', '.join(splits)}")
     trainer, result = finetune(profile, task, init, num_steps=num_steps, name=name, on_log=on_log)
-    metrics = evaluate.infer_eval(trainer.model(result.state.params), task, result.model_dir,
-                                  step=int(jax.device_get(result.state.step)), feature_lengths=finetune_lengths(profile),
-                                  batch_size=64, split=split, max_examples=profile.eval_examples)
+    step = int(jax.device_get(result.state.step))
+    metrics = evaluate.infer_eval(trainer.model(result.state.params), task, result.model_dir, step=step,
+                                  feature_lengths=finetune_lengths(profile), batch_size=64, split=split,
+                                  max_examples=profile.eval_examples)
+    record_headline(**{name: {**metrics, "final_loss": result.history[-1]["loss"],
+                              "examples": len(evaluate.read_predictions(result.model_dir, task, step))}})
     return trainer, result, metrics
+
+
+def teacher_forced_and_decoded(profile: Profile, task, trainer: Trainer, result: TrainResult) -> tuple[dict, dict]:
+    """T5X's two evaluations of a run's final state on `task`'s validation split: teacher-forced
+    loss and token accuracy (`train.evaluate`, T5X's train_eval) over all full batches, and the
+    task's metrics on decoded answers (`evaluate.infer_eval`)."""
+    lengths = finetune_lengths(profile)
+    validation_split = tasks.BatchIterator(task, lengths, profile.batch_size, split="validation", shuffle=False,
+                                           num_epochs=1)
+    forced = teacher_forced(trainer, result.state.params, validation_split)
+    decoded = evaluate.infer_eval(trainer.model(result.state.params), task, result.model_dir,
+                                  step=int(jax.device_get(result.state.step)), feature_lengths=lengths, batch_size=64,
+                                  max_examples=profile.eval_examples)
+    record_headline(teacher_forced=forced, decoded=decoded)
+    return forced, decoded
 
 
 __all__ = ["TrainResult", "feature_lengths", "finetune", "finetune_and_evaluate", "finetune_dir", "finetune_lengths",
            "model_config", "pretrain", "pretrained_model", "pretraining_batches", "pretraining_dir", "pretraining_trainer",
-           "record_headline", "runs_dir", "validation"]
+           "record_headline", "runs_dir", "teacher_forced_and_decoded", "validation"]

@@ -113,3 +113,15 @@ def test_pretraining_and_fine_tuning_log_validation_curves():
         logged = evaluate.results_table(result.model_dir, kinds=("training_eval",), csv=False)
         assert logged.index.tolist() == steps and f"training_eval/{task}/loss" in logged
     assert [step for step, names in drawn if "validation/loss" in names] == [10, 20]  # the live plot's curve
+
+
+def test_the_workflow_records_each_notebooks_headline_under_t5nb_course_only(monkeypatch):
+    profile = t5nb.get_profile("ci")
+    headline = workflow.runs_dir() / "headlines" / "04_closed_book_qa.json"
+    monkeypatch.delenv("T5NB_NOTEBOOK", raising=False)
+    workflow.finetune_and_evaluate(profile, profile.qa_task, None, name="scratch", num_steps=2)
+    assert not headline.exists()  # a notebook run by hand records nothing
+    monkeypatch.setenv("T5NB_NOTEBOOK", "04_closed_book_qa")  # as `t5nb course` sets it
+    _, result, metrics = workflow.finetune_and_evaluate(profile, profile.qa_task, None, name="scratch", num_steps=2)
+    recorded = json.loads(headline.read_text())["scratch"]
+    assert recorded == {**metrics, "final_loss": result.history[-1]["loss"], "examples": profile.eval_examples}
