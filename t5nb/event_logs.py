@@ -5,9 +5,20 @@ import pathlib
 import tensorflow as tf
 
 
+def _events(path):
+    """The events of one TensorBoard events file, up to a record cut short (a killed writer)."""
+    records = iter(tf.data.TFRecordDataset(str(path)))
+    while True:
+        try:
+            record = next(records)
+        except (StopIteration, tf.errors.DataLossError):
+            return
+        yield tf.compat.v1.Event.FromString(record.numpy())
+
+
 def _event_scalars(path):
     """(step, tag, value) of every scalar in one TensorBoard events file (TF1 or TF2 summaries)."""
-    for event in tf.compat.v1.train.summary_iterator(str(path)):
+    for event in _events(path):
         for value in event.summary.value:
             if value.HasField("simple_value"):
                 yield event.step, value.tag, float(value.simple_value)

@@ -60,6 +60,19 @@ def test_results_table_reads_the_tensorboard_logs(tmp_path):
         "step,inference_eval/qa/em,inference_eval/qa/f1,training_eval/qa/loss")
 
 
+def test_a_log_cut_short_by_a_killed_writer_reads_up_to_the_cut(tmp_path):
+    from t5nb.event_logs import logged_steps
+
+    writer = metric_writers.create_default_writer(str(tmp_path), asynchronous=False)
+    for step in (1, 2, 3):
+        writer.write_scalars(step, {"loss": float(step)})
+    writer.close()
+    (events,) = tmp_path.glob("events.out.tfevents.*")
+    events.write_bytes(events.read_bytes()[:-5])  # the last record loses its end
+    assert logged_steps(tmp_path) == [(1, {"loss": 1.0}), (2, {"loss": 2.0})]
+    assert logged_steps(tmp_path, upto=1) == [(1, {"loss": 1.0})]
+
+
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     """A run directory as `train` leaves it, with checkpoints of two parameter sets at steps 1, 2
