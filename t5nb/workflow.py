@@ -6,6 +6,7 @@ Every notebook runs alone: `pretrained_params` restores the pretraining run that
 import json
 import os
 import pathlib
+import warnings
 
 import jax
 
@@ -82,10 +83,14 @@ def pretraining_trainer(profile: Profile, mesh=None) -> Trainer:
 
 def validation(profile: Profile, task, lengths: dict) -> dict:
     """`train()`'s validation settings: every `profile.eval_every` steps, the loss on a fixed
-    sample of the task's validation split (none if it has no such split)."""
+    sample of the task's validation split (none if it has no such split, or less than a batch)."""
     if "validation" not in tasks.get_task(task).splits:
         return {}
     batches = tasks.validation_batches(task, lengths, profile.batch_size, profile.eval_batches)
+    if not batches:
+        warnings.warn(f"task {tasks.get_task(task).name!r}: its validation split holds less than one batch of "
+                      f"{profile.batch_size} examples, so this run has no validation curve", stacklevel=3)
+        return {}
     return dict(eval_batches=lambda: batches, eval_every=profile.eval_every)
 
 

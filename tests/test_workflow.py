@@ -44,7 +44,11 @@ def sums_task(tmp_path, vocabulary: str, split_ratio: float | None = 0.5) -> str
 def test_a_task_in_another_vocabulary_fine_tunes_a_model_of_that_vocabulary(tmp_path, vocabulary, profile):
     profile = t5nb.get_profile(profile)
     task = sums_task(tmp_path, vocabulary)
-    trainer, result = workflow.finetune(profile, task, None, num_steps=3, progress=False)
+    if profile.batch_size > 16:  # 16 validation rows: less than one batch
+        with pytest.warns(UserWarning, match=r"less than one batch of 32 examples, so this run has no validation curve"):
+            trainer, result = workflow.finetune(profile, task, None, num_steps=3, progress=False)
+    else:
+        trainer, result = workflow.finetune(profile, task, None, num_steps=3, progress=False)
     assert trainer.model_config.vocab_size == tasks.get_task(task).output_features["targets"].vocabulary.vocab_size
     assert trainer.model_config.vocab_size != workflow.model_config(profile).vocab_size
     assert all(math.isfinite(entry["loss"]) for entry in result.history)
