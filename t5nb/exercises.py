@@ -8,19 +8,19 @@ import jax
 import numpy as np
 
 from t5nb import checkpoints, config, tasks
+from t5nb.analysis import first_answer
 
 
-def _parameters(vocab_size: int) -> int:
-    return sum(p.size for p in checkpoints.abstract_params(config.get_config("t5.1.1-base", vocab_size=vocab_size)).values())
+def _parameters(preset: str, **changes) -> int:
+    return sum(p.size for p in checkpoints.abstract_params(config.get_config(preset, **changes)).values())
 
 
 # name -> (question, expected(**context), tolerance: None for equality, else absolute)
 EXERCISES = {
     "00.1": ("parameters of T5.1.1-base with the facts vocabulary",
-             lambda: _parameters(tasks.get_vocabulary("facts").vocab_size), None),
+             lambda: _parameters("t5.1.1-base", vocab_size=tasks.get_vocabulary("facts").vocab_size), None),
     "00.2": ("GB (1e9 bytes) of T5.1.1-small's float32 parameters",
-             lambda: sum(p.size for p in checkpoints.abstract_params(config.get_config("t5.1.1-small")).values()) * 4 / 1e9,
-             1e-3),
+             lambda: _parameters("t5.1.1-small") * 4 / 1e9, 1e-3),
     "01.1": ("pieces of 'Ada Klimberg plays the mandolin.' in the facts vocabulary, without EOS",
              lambda: len(tasks.get_vocabulary("facts").encode("Ada Klimberg plays the mandolin.")), None),
     "01.2": ("fraction of facts_pretraining's examples that come from salient span masking",
@@ -32,7 +32,7 @@ EXERCISES = {
              lambda model_dir: sorted(int(p.name) for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit()),
              None),
     "03.1": ("accuracy (%) of always answering `true` on the pretrained run's validation predictions",
-             lambda predictions: 100 * float(np.mean([_text(t) == "true" for t in predictions["target"]])), 1e-6),
+             lambda predictions: 100 * float(np.mean([first_answer(t) == "true" for t in predictions["target"]])), 1e-6),
     "03.2": ("the run ('pretrained' or 'scratch') whose final validation loss exceeds its final training loss more",
              lambda runs: max(runs, key=lambda name: runs[name].train_eval[-1][1]["loss"] - runs[name].history[-1]["loss"]),
              None),
@@ -46,10 +46,6 @@ EXERCISES = {
     "05.2": ("points by which teacher-forced token accuracy (%) exceeds decoded EM",
              lambda forced, decoded: 100 * forced["accuracy"] - decoded["em"], 1e-6),
 }
-
-
-def _text(target) -> str:
-    return target[0] if isinstance(target, list) else target
 
 
 def check(name: str, answer, **context) -> None:
