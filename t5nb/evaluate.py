@@ -5,6 +5,8 @@
   (input, target, prediction, score) to `<model_dir>/inference_eval/<task>-<step>.jsonl`.
   A mixture is evaluated task by task; its own metrics are their means (`mixture_metrics`).
 - `read_predictions`: those predictions back, as a pandas DataFrame.
+- `decoded_sample`: the task's metrics on a fixed sample of a split, as a function of the model,
+  for `train()` to track while fine-tuning (nothing written: `train()` logs them).
 - `results_table`: the metrics by checkpoint step read back from the TensorBoard logs, as a
   pandas DataFrame and `results.csv` (T5's `parse_tb`).
 - `load_model` / `evaluate_checkpoints` / `infer_file`: T5X's `eval.py` and `infer.py`, for a
@@ -127,13 +129,19 @@ def _log_scalars(model_dir, name: str, step: int, scalars: dict) -> None:
     writer.close()
 
 
-def _decode_and_score(task, predictor: Predictor, examples: list, model_dir, step: int) -> dict:
-    """`infer_eval` of one task: decode, score, write the predictions JSONL, log the metrics."""
+def _predict(predictor: Predictor, examples: list) -> tuple[list[str], np.ndarray]:
+    """Decoded texts and sequence scores for preprocessed examples (their `inputs` tokens)."""
     inputs = np.zeros((len(examples), predictor.input_length), np.int32)
     for row, example in enumerate(examples):
         inputs[row, : len(example["inputs"])] = example["inputs"]
     sequences, scores = predictor.generate(inputs)
-    targets, predictions, metrics = compute_metrics(task, examples, predictor.detokenize(sequences), scores)
+    return predictor.detokenize(sequences), scores
+
+
+def _decode_and_score(task, predictor: Predictor, examples: list, model_dir, step: int) -> dict:
+    """`infer_eval` of one task: decode, score, write the predictions JSONL, log the metrics."""
+    texts, scores = _predict(predictor, examples)
+    targets, predictions, metrics = compute_metrics(task, examples, texts, scores)
     if jax.process_index() == 0:
         out = pathlib.Path(model_dir) / "inference_eval"
         out.mkdir(parents=True, exist_ok=True)
@@ -142,6 +150,27 @@ def _decode_and_score(task, predictor: Predictor, examples: list, model_dir, ste
                 f.write(json.dumps({"input": _text(example["inputs_pretokenized"]), "target": _text(target),
                                     "prediction": _text(prediction), "score": float(seq_score)}) + "\n")
     _log_scalars(model_dir, task.name, step, metrics)
+    return metrics
+
+
+def decoded_sample(task, feature_lengths: dict, num_examples: int, *, split: str = "validation",
+                   batch_size: int = 64):
+    """`metrics(model)`: the task's metrics on greedy answers to the first `num_examples` of
+    `split` (a mixture: of each of its tasks, named as `mixture_metrics` names them). The
+    sample is read once; each call decodes it again and writes nothing. `train()` calls it at
+    every validation (`decoded_eval`) so fine-tuning shows its real metric as it trains."""
+    task = get_task(task)
+    examples = task_examples(task, feature_lengths, split, num_examples)
+
+    def metrics(model) -> dict:
+        predictor = Predictor(model, task, input_length=feature_lengths["inputs"], batch_size=batch_size,
+                              max_decode_length=feature_lengths["targets"])
+        if not isinstance(task, seqio.Mixture):
+            return compute_metrics(task, examples, *_predict(predictor, examples))[2]
+        decoded = {name: _predict(predictor, sub_examples) for name, sub_examples in examples.items()}
+        return compute_metrics(task, examples, {name: texts for name, (texts, _) in decoded.items()},
+                               {name: scores for name, (_, scores) in decoded.items()})[2]
+
     return metrics
 
 

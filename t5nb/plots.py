@@ -1,47 +1,60 @@
 """A live training plot for notebooks (d2l's Animator, redrawn only at the loop's log points)."""
 import matplotlib.pyplot as plt
 
-from t5nb.train import VALIDATION
+from t5nb.train import DECODED, VALIDATION
 
 
 class LivePlot:
     """Curves of chosen metrics against step, training and validation on the same axes; pass
-    it as `train(..., on_log=plot)`.
+    it as `train(..., on_log=plot)`. With `decoded=True`, one more panel holds the task's own
+    metrics on the decoded validation sample (`train()`'s `decoded_eval`), whatever they are.
 
     The training loop calls it every `log_every` steps, and after each evaluation, with metrics
     already on the host, so plotting never adds a device sync. In a notebook the figure updates
     in place.
     """
 
-    def __init__(self, metrics=("loss", "accuracy"), title: str | None = None, figsize_per_plot=(4.2, 3.0)):
+    def __init__(self, metrics=("loss", "accuracy"), title: str | None = None, decoded: bool = False,
+                 figsize_per_plot=(4.2, 3.0)):
         self.metrics = tuple(metrics)
         self.curves = {f"{prefix}{name}": ([], []) for name in self.metrics for prefix in ("", VALIDATION)}
-        self.figure, axes = plt.subplots(1, len(self.metrics), squeeze=False,
-                                         figsize=(figsize_per_plot[0] * len(self.metrics), figsize_per_plot[1]))
-        self.axes = dict(zip(self.metrics, axes[0]))
+        self.decoded = decoded  # its curves are added as their metrics first arrive
+        panels = self.metrics + (("decoded",) if decoded else ())
+        self.figure, axes = plt.subplots(1, len(panels), squeeze=False,
+                                         figsize=(figsize_per_plot[0] * len(panels), figsize_per_plot[1]))
+        self.axes = dict(zip(panels, axes[0]))
         if title:
             self.figure.suptitle(title)
         self._handle = None
         plt.close(self.figure)  # shown through the display handle only, not twice
 
     def __call__(self, step: int, metrics: dict) -> None:
+        for name in metrics:  # a mixture's per-task metrics (`<task>/<metric>`) are left out
+            if self.decoded and name.startswith(VALIDATION + DECODED) and "/" not in name[len(VALIDATION + DECODED):]:
+                self.curves.setdefault(name, ([], []))
         for name, (steps, values) in self.curves.items():
             if name in metrics:
                 steps.append(step)
                 values.append(metrics[name])
         self.redraw()
 
+    def _lines(self, panel: str) -> list[tuple[str, str]]:
+        """(label, curve name) of each line in `panel`."""
+        if panel == "decoded":
+            return [(name[len(VALIDATION + DECODED):], name) for name in self.curves
+                    if name.startswith(VALIDATION + DECODED)]
+        return [("training", panel), ("validation", VALIDATION + panel)]
+
     def redraw(self) -> None:
-        for name, ax in self.axes.items():
+        for panel, ax in self.axes.items():
             ax.clear()
-            for label, prefix in (("training", ""), ("validation", VALIDATION)):
-                steps, values = self.curves[prefix + name]
-                if steps:
-                    ax.plot(steps, values, marker="." if len(steps) < 30 else None, label=label)
-            if self.curves[VALIDATION + name][0]:
+            lines = [(label, *self.curves[name]) for label, name in self._lines(panel) if self.curves[name][0]]
+            for label, steps, values in lines:
+                ax.plot(steps, values, marker="." if len(steps) < 30 else None, label=label)
+            if len(lines) > 1 or panel == "decoded" and lines:
                 ax.legend()
             ax.set_xlabel("step")
-            ax.set_title(name)
+            ax.set_title("decoded validation sample" if panel == "decoded" else panel)
             ax.grid(alpha=0.3)
         self.figure.tight_layout()
         self._show()

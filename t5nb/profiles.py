@@ -30,6 +30,7 @@ class Profile:
     eval_examples: int | None  # validation examples decoded per evaluation (None: all)
     eval_every: int  # steps between validation losses while training (pretraining and fine-tuning)
     eval_batches: int  # validation batches per such evaluation
+    decoded_sample: int  # validation examples answered at each such evaluation of a fine-tuning run
     matmul_size: int  # side of the square matmul 00_setup times
     official_checkpoint: str | None = None  # a published T5.1.1 model of this vocabulary (03, 04)
 
@@ -53,6 +54,7 @@ PROFILES = {
         eval_examples=64,
         eval_every=10,
         eval_batches=1,
+        decoded_sample=16,
         matmul_size=256,
     ),
     "cpu": Profile(
@@ -73,6 +75,7 @@ PROFILES = {
         eval_examples=None,
         eval_every=50,
         eval_batches=2,
+        decoded_sample=64,
         matmul_size=1024,
     ),
     "accelerator": Profile(
@@ -93,6 +96,7 @@ PROFILES = {
         eval_examples=None,
         eval_every=250,
         eval_batches=4,
+        decoded_sample=128,
         matmul_size=8192,
         official_checkpoint="hf://google/t5-v1_1-small",
     ),
@@ -105,7 +109,7 @@ PROFILES["rehearsal"] = dataclasses.replace(
     description="The accelerator course at toy sizes (CI's dress rehearsal of the Colab path).",
     model="t5.1.1-tiny", batch_size=8, inputs_length=64, targets_length=16, pretrain_steps=8,
     finetune_steps=4, finetune_inputs_length=32, finetune_targets_length=8, eval_examples=8, eval_every=4,
-    eval_batches=1, matmul_size=256)
+    eval_batches=1, decoded_sample=8, matmul_size=256)
 
 
 def detect_profile_name() -> str:

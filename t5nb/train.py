@@ -282,6 +282,7 @@ def evaluate(trainer: Trainer, params: dict, batches) -> dict:
 
 
 VALIDATION = "validation/"  # the prefix of evaluation metrics in `on_log`
+DECODED = "decoded/"  # the prefix of `decoded_eval`'s task metrics among them
 
 
 def validation_scalars(metrics: dict) -> dict:
@@ -380,8 +381,8 @@ def _check_positive(**values) -> None:
             raise ValueError(f"{name} must be a positive number of steps, got {value!r}")
 
 
-def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=None, eval_every: int = 0,
-          checkpoint_every: int = 0, keep_checkpoints: int = 3, log_every: int = 50, state=None,
+def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=None, decoded_eval=None,
+          eval_every: int = 0, checkpoint_every: int = 0, keep_checkpoints: int = 3, log_every: int = 50, state=None,
           task_name: str = "train_eval", on_log=None, progress: bool = True) -> TrainResult:
     """Train until the global step reaches `num_steps`, resuming from `model_dir` if it holds checkpoints.
 
@@ -389,9 +390,11 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
     trained for N steps by another K, pass N + K (as T5X's TRAIN_STEPS). `batches` yields numpy
     batches; if it has `state()`/`set_state()` (and `save_pipeline()`/`restore_pipeline()`, as
     `BatchIterator` has) its position is checkpointed and restored, so a resumed run sees exactly
-    the batches an uninterrupted one would. `eval_batches` is a callable returning an iterable of
-    batches. `on_log(step, metrics)` is called at log points (the live plot), and after each
-    evaluation with `validation/<name>` metrics. Metrics stay on the device between log points:
+    the batches an uninterrupted one would. Every `eval_every` steps the run is validated:
+    teacher forced on `eval_batches()` (an iterable of batches), and by `decoded_eval(model)`, task
+    metrics of decoded answers (`evaluate.decoded_sample`), logged as `decoded/<name>` beside the
+    loss in `training_eval/<task_name>`. `on_log(step, metrics)` is called at log points (the live
+    plot), and after each validation with `validation/<name>` metrics. Metrics stay on the device between log points:
     no host sync per step. Ctrl-C or SIGTERM saves a checkpoint at the end of the current step,
     then stops; a non-finite state is never saved.
     """
@@ -414,6 +417,7 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
     eval_writer = metric_writers.create_default_writer(str(model_dir / "training_eval" / task_name),
                                                        just_logging=jax.process_index() > 0)
     step = int(jax.device_get(state.step))
+    validating = bool(eval_every) and (eval_batches is not None or decoded_eval is not None)
     history, train_eval, pending = [], [], []
     if resuming:  # the curve so far, as logged: returned and redrawn as if this run had made it
         history = [{"step": s, **metrics} for s, metrics in logged_steps(model_dir / "train", upto=step)]
@@ -479,8 +483,11 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
                     step % checkpoint_every == 0 or step == num_steps or stop.signal is not None)
                 if step % log_every == 0 or at_checkpoint or step == num_steps:
                     flush()
-                if eval_batches is not None and eval_every and (step % eval_every == 0 or step == num_steps):
-                    metrics = evaluate(trainer, state.params, eval_batches())
+                if validating and (step % eval_every == 0 or step == num_steps):
+                    metrics = {} if eval_batches is None else evaluate(trainer, state.params, eval_batches())
+                    if decoded_eval is not None:
+                        decoded = decoded_eval(trainer.model(state.params))
+                        metrics.update({f"{DECODED}{name}": value for name, value in decoded.items()})
                     eval_writer.write_scalars(step, metrics)
                     train_eval.append((step, metrics))
                     if on_log is not None:

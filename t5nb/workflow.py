@@ -81,17 +81,24 @@ def pretraining_trainer(profile: Profile, mesh=None) -> Trainer:
     return Trainer(model_config(profile, dropout_rate=0.0), TrainConfig(warmup_steps=10_000), mesh)
 
 
-def validation(profile: Profile, task, lengths: dict) -> dict:
+def validation(profile: Profile, task, lengths: dict, decoded: bool = False) -> dict:
     """`train()`'s validation settings: every `profile.eval_every` steps, the loss on a fixed
-    sample of the task's validation split (none if it has no such split, or less than a batch)."""
-    if "validation" not in tasks.get_task(task).splits:
+    sample of the task's validation split (none if it has no such split, or less than a batch)
+    and, if `decoded` and the task has metrics, those metrics on `profile.decoded_sample` of
+    its examples answered greedily."""
+    task = tasks.get_task(task)
+    if "validation" not in task.splits:
         return {}
+    settings = dict(eval_every=profile.eval_every)
+    if decoded and any(sub.metric_fns for sub in getattr(task, "tasks", [task])):
+        settings["decoded_eval"] = evaluate.decoded_sample(task, lengths, profile.decoded_sample)
     batches = tasks.validation_batches(task, lengths, profile.batch_size, profile.eval_batches)
-    if not batches:
-        warnings.warn(f"task {tasks.get_task(task).name!r}: its validation split holds less than one batch of "
-                      f"{profile.batch_size} examples, so this run has no validation curve", stacklevel=3)
-        return {}
-    return dict(eval_batches=lambda: batches, eval_every=profile.eval_every)
+    if batches:
+        settings["eval_batches"] = lambda: batches
+    else:
+        warnings.warn(f"task {task.name!r}: its validation split holds less than one batch of "
+                      f"{profile.batch_size} examples, so this run has no validation loss curve", stacklevel=3)
+    return settings
 
 
 def pretrain(profile: Profile, num_steps: int | None = None, trainer: Trainer | None = None, on_log=None,
@@ -144,7 +151,7 @@ def finetune(profile: Profile, task, init: Transformer | None, num_steps: int | 
     model_dir = finetune_dir(profile, task, name)
     result = train(trainer, batches, num_steps, model_dir, state=trainer.init_state(params), log_every=25,
                    checkpoint_every=checkpoint_every or num_steps, task_name=batches.task.name,
-                   on_log=on_log, progress=progress, **validation(profile, task, finetune_lengths(profile)))
+                   on_log=on_log, progress=progress, **validation(profile, task, finetune_lengths(profile), decoded=True))
     return trainer, result
 
 

@@ -102,6 +102,8 @@ def test_infer_eval_writes_and_scores_each_task(model, tmp_path):
         assert metrics[metric] == pytest.approx(mean)
         assert table.loc[3, f"inference_eval/{MIXTURE}/{metric}"] == pytest.approx(mean)
     assert len(metrics) == 6
+    sample = evaluate.decoded_sample(MIXTURE, LENGTHS, 4, batch_size=4)  # what fine-tuning tracks: the same
+    assert sample(model) == metrics and sample(model) == metrics  # sample read once, decoded at each call
 
 
 def test_predictor_applies_the_shared_prefix(model):

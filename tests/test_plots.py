@@ -25,3 +25,16 @@ def test_validation_metrics_draw_a_second_curve_on_the_same_axes():
     assert list(train_x) == [50, 100] and list(train_y) == [4.0, 3.0]
     assert list(valid_x) == [100] and list(valid_y) == [3.5]
     assert [text.get_text() for text in plot.axes["loss"].get_legend().get_texts()] == ["training", "validation"]
+
+
+def test_the_decoded_panel_draws_each_task_metric_of_the_sample():
+    plot = LivePlot(("loss",), decoded=True)
+    plot(50, {"loss": 4.0})
+    plot(50, {"validation/loss": 3.5, "validation/decoded/em": 10.0, "validation/decoded/f1": 12.0,
+              "validation/decoded/nq/em": 9.0})  # a mixture's per-task metric: not drawn
+    plot(100, {"validation/loss": 3.0, "validation/decoded/em": 40.0, "validation/decoded/f1": 45.0})
+    lines = plot.axes["decoded"].lines
+    assert [line.get_label() for line in lines] == ["em", "f1"]
+    assert [list(line.get_data()[1]) for line in lines] == [[10.0, 40.0], [12.0, 45.0]]
+    assert plot.axes["decoded"].get_title() == "decoded validation sample"
+    assert [text.get_text() for text in plot.axes["loss"].get_legend().get_texts()] == ["training", "validation"]

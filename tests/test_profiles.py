@@ -36,5 +36,5 @@ def test_rehearsal_is_the_accelerator_course_with_only_its_sizes_changed():
     changed = {field for field in vars(accelerator) if getattr(accelerator, field) != getattr(rehearsal, field)}
     assert changed == {"name", "description", "model", "batch_size", "inputs_length", "targets_length",
                        "pretrain_steps", "finetune_steps", "finetune_inputs_length", "finetune_targets_length",
-                       "eval_examples", "eval_every", "eval_batches", "matmul_size"}
+                       "eval_examples", "eval_every", "eval_batches", "decoded_sample", "matmul_size"}
     assert rehearsal.batch_size % 8 == 0  # splits over the 8 simulated devices

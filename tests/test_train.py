@@ -210,8 +210,10 @@ def test_metrics_go_to_tensorboard_and_history(tmp_path):
     logged = []
     result = train(trainer, Batches(copy_batch()), 4, tmp_path, log_every=2, eval_every=4,
                    eval_batches=lambda: [copy_batch(seed=1)], progress=False,
+                   decoded_eval=lambda model: {"vocab": model.config.vocab_size},  # gets the model of the state
                    on_log=lambda s, m: logged.append((s, "validation/loss" in m)))
     assert logged == [(2, False), (4, False), (4, True)] and [h["step"] for h in result.history] == [2, 4]
+    assert result.train_eval[0][1]["decoded/vocab"] == 64
     for name in ("loss", "accuracy", "z_loss", "learning_rate", "grad_norm", "seqs_per_s", "target_tokens_per_s", "mfu"):
         assert np.isfinite(result.history[-1][name]), name
     assert result.history[-1]["learning_rate"] == pytest.approx(1e-2)
@@ -224,7 +226,7 @@ def test_metrics_go_to_tensorboard_and_history(tmp_path):
 def test_a_resumed_or_finished_run_returns_and_redraws_its_whole_curve(tmp_path):
     trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0), TrainConfig(learning_rate=1e-2))
     common = dict(log_every=2, checkpoint_every=2, eval_every=2, eval_batches=lambda: [copy_batch(seed=1)],
-                  progress=False)
+                  decoded_eval=lambda model: {"mean": float(jnp.mean(model.token_embedder.embedding[...]))}, progress=False)
     straight = train(trainer, Batches(copy_batch()), 6, tmp_path / "straight", **common)
     train(trainer, Batches(copy_batch()), 4, tmp_path / "resumed", **common)
     for num_steps in (6, 6):  # resumed at step 4, then called again when finished
@@ -236,8 +238,9 @@ def test_a_resumed_or_finished_run_returns_and_redraws_its_whole_curve(tmp_path)
         np.testing.assert_allclose([h["loss"] for h in resumed.history], [h["loss"] for h in straight.history],
                                    rtol=1e-6)  # event files keep float32
         assert [step for step, _ in resumed.train_eval] == [2, 4, 6]
-        np.testing.assert_allclose([m["loss"] for _, m in resumed.train_eval],
-                                   [m["loss"] for _, m in straight.train_eval], rtol=1e-6)
+        for name in ("loss", "decoded/mean"):
+            np.testing.assert_allclose([m[name] for _, m in resumed.train_eval],
+                                       [m[name] for _, m in straight.train_eval], rtol=1e-6)
 
 
 def test_tiny_model_loss_falls_on_the_offline_facts_corpus(tmp_path):

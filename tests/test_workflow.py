@@ -44,9 +44,10 @@ def sums_task(tmp_path, vocabulary: str, split_ratio: float | None = 0.5) -> str
 def test_a_task_in_another_vocabulary_fine_tunes_a_model_of_that_vocabulary(tmp_path, vocabulary, profile):
     profile = t5nb.get_profile(profile)
     task = sums_task(tmp_path, vocabulary)
-    if profile.batch_size > 16:  # 16 validation rows: less than one batch
-        with pytest.warns(UserWarning, match=r"less than one batch of 32 examples, so this run has no validation curve"):
+    if profile.batch_size > 16:  # 16 validation rows: less than one batch, no loss curve; decoded, they still score
+        with pytest.warns(UserWarning, match=r"less than one batch of 32 examples, so this run has no validation loss"):
             trainer, result = workflow.finetune(profile, task, None, num_steps=3, progress=False)
+        assert [(step, sorted(metrics)) for step, metrics in result.train_eval] == [(3, ["decoded/em", "decoded/f1"])]
     else:
         trainer, result = workflow.finetune(profile, task, None, num_steps=3, progress=False)
     assert trainer.model_config.vocab_size == tasks.get_task(task).output_features["targets"].vocabulary.vocab_size
@@ -108,7 +109,7 @@ def test_pretraining_and_fine_tuning_log_validation_curves():
     drawn = []
     _, pretraining = workflow.pretrain(profile, on_log=lambda step, metrics: drawn.append((step, set(metrics))),
                                        progress=False)
-    _, fine_tuning = workflow.finetune(profile, profile.finetune_task, None, progress=False)
+    trainer, fine_tuning = workflow.finetune(profile, profile.finetune_task, None, progress=False)
     for result, task, num_steps in ((pretraining, profile.pretrain_task, profile.pretrain_steps),
                                     (fine_tuning, profile.finetune_task, profile.finetune_steps)):
         steps = list(range(profile.eval_every, num_steps + 1, profile.eval_every))
@@ -117,6 +118,13 @@ def test_pretraining_and_fine_tuning_log_validation_curves():
         logged = evaluate.results_table(result.model_dir, kinds=("training_eval",), csv=False)
         assert logged.index.tolist() == steps and f"training_eval/{task}/loss" in logged
     assert [step for step, names in drawn if "validation/loss" in names] == [10, 20]  # the live plot's curve
+    # fine-tuning also tracks the task's own metric on a decoded sample, as infer_eval scores it
+    assert all("decoded/accuracy" in metrics for _, metrics in fine_tuning.train_eval)
+    assert not any("decoded/accuracy" in metrics for _, metrics in pretraining.train_eval)
+    lengths = workflow.finetune_lengths(profile)
+    final = evaluate.infer_eval(trainer.model(fine_tuning.state.params), profile.finetune_task, fine_tuning.model_dir,
+                                step=profile.finetune_steps, feature_lengths=lengths, max_examples=profile.decoded_sample)
+    assert fine_tuning.train_eval[-1][1]["decoded/accuracy"] == final["accuracy"]
 
 
 def test_the_workflow_records_each_notebooks_headline_under_t5nb_course_only(monkeypatch):
