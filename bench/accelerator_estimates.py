@@ -17,7 +17,9 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # this only compiles; a TPU target needs no TPU
 
-import t5nb  # noqa: F401, E402  first: its malloc setting must precede any other thread's first allocation
+import t5nb  # noqa: E402
+
+t5nb.tune_host()  # first: its malloc setting must precede any other thread's first allocation
 
 import dataclasses  # noqa: E402
 import datetime  # noqa: E402

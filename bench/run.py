@@ -8,7 +8,9 @@ both; decoding: `t5nb.decode.greedy_decode` vs `generate()` (greedy, kv cache), 
 are medians. Writes `bench/results/latest.json` and a timestamped copy, and prints a table.
 Both run in one process, so both get t5nb's host-memory setting (glibc keeps freed memory).
 """
-import t5nb  # noqa: F401  first: its malloc setting must precede any other thread's first allocation
+import t5nb
+
+t5nb.tune_host()  # first: its malloc setting must precede any other thread's first allocation
 import torch
 
 # Flush-to-zero before torch's first parallel op (it is per thread): a subnormal-heavy
@@ -35,6 +37,7 @@ import transformers  # noqa: E402
 
 from t5nb import checkpoints, decode  # noqa: E402
 from t5nb.config import T5Config, get_config  # noqa: E402
+from t5nb.model import shift_right  # noqa: E402
 from t5nb.system import time_matmul  # noqa: E402
 from t5nb.train import Trainer, TrainConfig  # noqa: E402
 
@@ -150,7 +153,7 @@ def make_batch(c: T5Config, batch: int, inputs: int, targets: int, seed: int = 0
     encoder = rng.integers(2, c.vocab_size, (batch, inputs), dtype=np.int32)
     target = rng.integers(2, c.vocab_size, (batch, targets), dtype=np.int32)
     target[:, -1] = 1
-    decoder_input = np.concatenate([np.zeros((batch, 1), np.int32), target[:, :-1]], axis=1)
+    decoder_input = np.asarray(shift_right(target))
     return {"encoder_input_tokens": encoder, "decoder_input_tokens": decoder_input,
             "decoder_target_tokens": target}
 

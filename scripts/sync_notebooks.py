@@ -27,6 +27,7 @@ if "google.colab" in sys.modules:
         raise SystemExit("protobuf was upgraded: Runtime > Restart session, then run this cell again")
     sys.path.insert(0, "/content/t5nb")
 import t5nb
+t5nb.tune_host()  # first: keep freed host memory for XLA:CPU's step buffers (see t5nb.host)
 if KEEP_RUNS_ON_DRIVE:
     t5nb.system.keep_runs_on_drive()"""
 

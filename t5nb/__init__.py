@@ -1,14 +1,26 @@
-"""t5nb: T5-style encoder-decoder models in JAX, and the notebook course that teaches them."""
-from t5nb._host_memory import keep_freed_host_memory
-from t5nb._tensorflow import import_tensorflow
+"""t5nb: T5-style encoder-decoder models in JAX, and the notebook course that teaches them.
 
-keep_freed_host_memory()  # before any thread allocates: XLA:CPU's step buffers are then reused
+Importing t5nb changes nothing in the process (it does not even import JAX, whose import sets
+environment variables). Call `t5nb.tune_host()` first, as the notebooks' setup cell and the
+`t5nb` command do (see `t5nb.host`). Everything else loads when first used: `t5nb.get_profile`,
+`t5nb.plots`, `t5nb.workflow`, ...; modules that need TensorFlow import it then.
+"""
+import importlib
 
-import_tensorflow()  # before seqio or tfds touch TensorFlow: JAX owns the accelerator
-
-from t5nb import mesh, plots, system  # noqa: E402
-from t5nb.profiles import Profile, get_profile  # noqa: E402
-from t5nb.system import in_colab, report  # noqa: E402
+from t5nb.host import tune_host
 
 __version__ = "0.1.0"
-__all__ = ["Profile", "get_profile", "in_colab", "mesh", "plots", "report", "system", "__version__"]
+_EXPORTS = {"Profile": "profiles", "get_profile": "profiles", "in_colab": "system", "report": "system"}
+__all__ = [*_EXPORTS, "tune_host", "__version__"]
+
+
+def __getattr__(name: str):
+    """The names above, and any submodule as `t5nb.<name>`, imported on first use."""
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f"t5nb.{_EXPORTS[name]}"), name)
+    try:
+        return importlib.import_module(f"t5nb.{name}")
+    except ModuleNotFoundError as error:
+        if error.name != f"t5nb.{name}":
+            raise
+        raise AttributeError(f"module 't5nb' has no attribute {name!r}") from None

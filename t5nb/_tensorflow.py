@@ -1,5 +1,9 @@
 """TensorFlow feeds tf.data only: hide every GPU/TPU from it and keep its start-up quiet.
 
+Importing this module imports TensorFlow so, once. Every t5nb module that imports TensorFlow,
+seqio, t5, tfds or clu imports it first, so TensorFlow never claims an accelerator's memory,
+which JAX owns; `import t5nb` alone imports none of them.
+
 TF 2.21 prints CUDA probing messages through absl *before* its own log level applies, so
 `TF_CPP_MIN_LOG_LEVEL` alone cannot silence them; we capture file descriptor 2 while
 importing and re-emit every line that is not known start-up noise.
@@ -44,7 +48,8 @@ class _DropDeprecatedDtypeWarning(logging.Filter):
 
 def import_tensorflow():
     """Import TensorFlow for tf.data only: no accelerators, no start-up flood."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1") == "1":  # unset, or JAX's default (its import sets 1)
+        os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"  # no tf.data warnings, errors only
     with _stderr_without_noise():
         import tensorflow as tf
 
@@ -52,3 +57,6 @@ def import_tensorflow():
             tf.config.set_visible_devices([], kind)
     logging.getLogger("absl").addFilter(_DropDeprecatedDtypeWarning())
     return tf
+
+
+tf = import_tensorflow()

@@ -1,9 +1,10 @@
 """Checkpoint converters: Hugging Face T5 (config.json + safetensors, Flax msgpack or PyTorch
 weights, local or `hf://<org>/<repo>`) and T5X <-> t5nb.
 
-Parameters travel as T5X's `target` tree: nested dicts of numpy arrays keyed like
-`{"encoder": {"layers_0": {"attention": {"query": {"kernel": ...}}}}}`, which is exactly
-t5nb's parameter layout. `HF_NAME_TABLE` is the one table between T5X and Hugging Face names.
+A model's parameters are a nested dict (`nnx.to_pure_dict`) whose layer stacks are keyed by
+index: `{"encoder": {"layers": {0: {"attention": {"query": {"kernel": ...}}}}}}`. Converters
+read and write them by T5X's flat names, `encoder/layers_0/attention/query/kernel` (`flatten`,
+`unflatten`); `HF_NAME_TABLE` is the one table between T5X and Hugging Face names.
 """
 import json
 import os
@@ -16,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import safetensors.numpy
 import tensorstore as ts
-from flax import nnx, serialization, traverse_util
+from flax import nnx, serialization
 
 from t5nb import remote
 from t5nb.config import T5Config
@@ -57,6 +58,9 @@ HF_DIR = ("a Hugging Face T5 directory holds config.json and model.safetensors, 
 _FLAX_LEAVES = ("kernel", "embedding", "weight")  # transformers' Flax T5: Dense, Embed, T5LayerNorm
 
 
+_STACK = "layers"  # the model's layer stacks; T5X names their layers layers_0, layers_1, ...
+
+
 class CheckpointError(ValueError):
     """A checkpoint that does not fit the model: names the key and both shapes."""
 
@@ -92,14 +96,32 @@ def abstract_params(config: T5Config) -> dict[str, jax.ShapeDtypeStruct]:
 
 
 def flatten(tree: dict) -> dict[str, np.ndarray]:
-    """Nested parameter dicts -> `{"encoder/layers_0/...": array}`."""
+    """Nested parameter dicts -> `{"encoder/layers_0/...": array}`: T5X's names, where layer i of
+    a stack (`layers` keyed by index) is `layers_i`."""
     flat = {}
     for key, value in tree.items():
-        if isinstance(value, dict):
+        if key == _STACK and isinstance(value, dict) and all(isinstance(i, int) for i in value):
+            value = {f"{_STACK}_{i}": layer for i, layer in value.items()}
+            flat.update({f"{name}/{sub}": v for name, layer in value.items() for sub, v in flatten(layer).items()})
+        elif isinstance(value, dict):
             flat.update({f"{key}/{sub}": v for sub, v in flatten(value).items()})
         else:
             flat[str(key)] = value
     return flat
+
+
+def unflatten(flat: dict) -> dict:
+    """T5X's flat names -> the model's nested parameter dict (`flatten`'s inverse)."""
+    tree = {}
+    for path, value in flat.items():
+        node = tree
+        *parents, leaf = path.split("/")
+        for part in parents:
+            match = re.fullmatch(rf"{_STACK}_(\d+)", part)
+            for key in ((_STACK, int(match[1])) if match else (part,)):
+                node = node.setdefault(key, {})
+        node[leaf] = value
+    return tree
 
 
 def check_params(config: T5Config, flat: dict, source_names: dict[str, str] | None = None) -> None:
@@ -131,8 +153,7 @@ def model_from_params(config: T5Config, params: dict) -> Transformer:
     check_params(config, flat)
     model = abstract_model(config)
     state = nnx.state(model, nnx.Param)
-    nnx.replace_by_pure_dict(state, traverse_util.unflatten_dict(
-        {key: jnp.asarray(value, jnp.float32) for key, value in flat.items()}, sep="/"))
+    nnx.replace_by_pure_dict(state, unflatten({key: jnp.asarray(value, jnp.float32) for key, value in flat.items()}))
     nnx.update(model, state)
     return model
 

@@ -16,6 +16,8 @@ import pathlib
 import sys
 import warnings
 
+from t5nb.host import tune_host
+
 # what a person causes by what they give t5nb; t5nb's own errors (TaskNameError, TaskDataError,
 # CheckpointError) are ValueErrors
 EXPECTED_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FloatingPointError)
@@ -186,6 +188,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
+    tune_host()  # first, before JAX starts its threads (see t5nb.host)
     try:
         args = build_parser().parse_args(argv)
         check_task_options(args)

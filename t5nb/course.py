@@ -9,9 +9,10 @@ import nbclient
 import nbformat
 from tqdm.auto import tqdm
 
+from t5nb.paths import REPO_ROOT
 from t5nb.profiles import get_profile
 
-NOTEBOOKS = pathlib.Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = REPO_ROOT / "notebooks"
 
 
 def notebook_log(nb) -> str:

@@ -3,6 +3,7 @@
 - `greedy_decode`, `sample_decode` (temperature, top-k, top-p) and `beam_search` (`num_decodes`
   beams, T5X / Flax WMT length penalty `((5 + length) / 6) ** alpha`): one `lax.while_loop`
   over `Transformer.decode_step`, stopping at EOS or `max_decode_length`.
+- `generate`: one of those three by name (`method`), with its options checked.
 - `score`: the log-likelihood of given targets (teacher forced); `rank_classify`: the best of
   given options per input.
 - `Predictor`: strings in, strings out, through a task's prefix, vocabulary and postprocessor.
@@ -21,10 +22,10 @@ import numpy as np
 from flax import nnx
 
 from t5nb import mesh as mesh_lib
+from t5nb.model import NEG_INF, shift_right
 
 EOS_ID = 1
 PAD_ID = 0  # also the decoder's start token
-NEG_INF = -1.0e7
 DECODING_OPTIONS = {"greedy": (), "beam": ("num_decodes", "alpha"),
                     "sample": ("temperature", "top_k", "top_p", "seed")}
 
@@ -225,18 +226,17 @@ def _beam_search(model, encoder_input_tokens, alpha, *, max_decode_length, num_d
                jnp.zeros((batch, beams), bool), cache)
     _, live_logprobs, live_seqs, finished_scores, finished_logprobs, finished_seqs, finished, _ = (
         jax.lax.while_loop(cond, body, initial))
-    # slots no finished beam filled take the live beams, after every finished one
-    rank = jnp.concatenate([jnp.where(finished, finished_scores, 100 * NEG_INF),
-                            10 * NEG_INF + live_logprobs / brevity_penalty(alpha, length)], axis=1)
-    order = jax.lax.top_k(rank, beams)[1]
+    # finished beams by score, then the live ones by score (in slots no finished beam filled)
+    scores = jnp.concatenate([finished_scores, live_logprobs / brevity_penalty(alpha, length)], axis=1)
+    group = jnp.concatenate([jnp.where(finished, 0, 2), jnp.ones_like(finished, jnp.int32)], axis=1)
+    order = jnp.lexsort((-scores, group), axis=-1)[:, :beams]
     return Decoded(take(jnp.concatenate([finished_seqs, live_seqs], axis=1), order),
                    take(jnp.concatenate([finished_logprobs, live_logprobs], axis=1), order))
 
 
 def _score(model, encoder_input_tokens, decoder_target_tokens):
     """Sum over target positions (> 0) of log p(target token | previous targets, inputs)."""
-    decoder_input_tokens = jnp.pad(decoder_target_tokens[:, :-1], ((0, 0), (1, 0)))
-    logits = model(encoder_input_tokens, decoder_input_tokens, decoder_target_tokens)
+    logits = model(encoder_input_tokens, shift_right(decoder_target_tokens), decoder_target_tokens)
     log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits), decoder_target_tokens[..., None], axis=-1)[..., 0]
     return jnp.sum(jnp.where(decoder_target_tokens > 0, log_probs, 0.0), axis=-1)
 
@@ -247,7 +247,7 @@ def _rank(model, encoder_input_tokens, option_tokens):
     encoded = jnp.repeat(model.encode(encoder_input_tokens), options, axis=0)
     inputs = jnp.repeat(encoder_input_tokens, options, axis=0)
     targets = option_tokens.reshape(batch * options, length)
-    logits = model.decode(encoded, inputs, jnp.pad(targets[:, :-1], ((0, 0), (1, 0))), targets)
+    logits = model.decode(encoded, inputs, shift_right(targets), targets)
     log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
     return jnp.sum(jnp.where(targets > 0, log_probs, 0.0), axis=-1).reshape(batch, options)
 
@@ -282,7 +282,7 @@ def beam_search(model, encoder_input_tokens, max_decode_length: int, *, num_deco
                      max_decode_length=max_decode_length, num_decodes=int(num_decodes))
 
 
-def decode(model, encoder_input_tokens, max_decode_length: int, *, method: str = "greedy", mesh=None,
+def generate(model, encoder_input_tokens, max_decode_length: int, *, method: str = "greedy", mesh=None,
            **options) -> Decoded:
     """The best sequence per input [b, L] and its score [b], by `method`: "greedy", "beam"
     (options `num_decodes`, `alpha`) or "sample" (`temperature`, `top_k`, `top_p`, `seed`)."""
@@ -400,7 +400,7 @@ class Predictor:
         for start in range(0, len(encoder_input_tokens), self.batch_size):
             chunk = encoder_input_tokens[start:start + self.batch_size]
             padded = np.pad(chunk, ((0, self.batch_size - len(chunk)), (0, 0)))
-            result = decode(self.model, padded, self.max_decode_length, method=self.method, mesh=self.mesh,
+            result = generate(self.model, padded, self.max_decode_length, method=self.method, mesh=self.mesh,
                             **self.options)
             sequences.append(np.asarray(result.sequences)[: len(chunk)])
             scores.append(np.asarray(result.scores)[: len(chunk)])

@@ -21,6 +21,7 @@ import pathlib
 import jax
 import numpy as np
 import pandas as pd
+from t5nb import _tensorflow  # noqa: F401, I001  (first: TensorFlow for tf.data only, accelerators hidden)
 import seqio
 from clu import metric_writers
 
@@ -28,23 +29,12 @@ from t5nb.checkpoints import HF_DIR, hf_weights_file, load_hf, read_hf_config, w
 from t5nb.config import T5Config
 from t5nb.decode import Predictor
 from t5nb.event_logs import logged_steps
-from t5nb.tasks import check_vocabulary, get_task
+from t5nb.tasks import as_text, check_vocabulary, get_task
 from t5nb.tasks.custom import TaskDataError, read_rows, require_text
 
 LOG_KINDS = ("inference_eval", "training_eval")
 RUN_DIR = "a training run's directory holds config.json and checkpoints/<step>/"
 INPUT_FIELDS = ("input", "inputs", "question")
-
-
-def _text(value):
-    """bytes (and arrays or lists of them) -> str, for postprocessors and JSON."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    if isinstance(value, np.ndarray):
-        return _text(value.tolist())
-    if isinstance(value, (list, tuple)):
-        return [_text(v) for v in value]
-    return value
 
 
 def check_split(task, split: str) -> None:
@@ -111,7 +101,7 @@ def compute_metrics(task, examples: list | dict, predictions: list[str] | dict,
                                              None if scores is None else scores[sub.name]) for sub in task.tasks}
         targets, predictions, metrics = ({name: result[part] for name, result in results.items()} for part in range(3))
         return targets, predictions, mixture_metrics(metrics)
-    targets = [task.postprocess_fn(_text(ex["targets_pretokenized"]), example=ex, is_target=True) for ex in examples]
+    targets = [task.postprocess_fn(as_text(ex["targets_pretokenized"]), example=ex, is_target=True) for ex in examples]
     predictions = [task.postprocess_fn(p, example=ex, is_target=False) for p, ex in zip(predictions, examples)]
     metrics = {}
     for metric_fn in task.predict_metric_fns:
@@ -147,8 +137,8 @@ def _decode_and_score(task, predictor: Predictor, examples: list, model_dir, ste
         out.mkdir(parents=True, exist_ok=True)
         with open(out / f"{task.name}-{step}.jsonl", "w") as f:
             for example, target, prediction, seq_score in zip(examples, targets, predictions, scores):
-                f.write(json.dumps({"input": _text(example["inputs_pretokenized"]), "target": _text(target),
-                                    "prediction": _text(prediction), "score": float(seq_score)}) + "\n")
+                f.write(json.dumps({"input": as_text(example["inputs_pretokenized"]), "target": as_text(target),
+                                    "prediction": as_text(prediction), "score": float(seq_score)}) + "\n")
     _log_scalars(model_dir, task.name, step, metrics)
     return metrics
 
@@ -360,7 +350,7 @@ def infer_file(model, task, inputs, output_path, **predictor_args) -> list[dict]
     if pathlib.Path(output_path).is_dir():
         raise IsADirectoryError(f"{output_path}: a directory; the output is a file (JSONL)")
     sequences, scores = predictor.generate(predictor.inputs(texts))
-    rows = [{"input": text, "prediction": _text(prediction), "score": float(seq_score)}
+    rows = [{"input": text, "prediction": as_text(prediction), "score": float(seq_score)}
             for text, prediction, seq_score in zip(texts, predictor.postprocess(sequences), scores)]
     if jax.process_index() == 0:
         pathlib.Path(output_path).parent.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 `evaluate.results_table` tabulates, and the curve a resumed `train()` returns and redraws."""
 import pathlib
 
-import tensorflow as tf
+from t5nb._tensorflow import tf  # TensorFlow for tf.data only, accelerators hidden
 
 
 def _events(path):

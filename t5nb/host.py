@@ -1,27 +1,39 @@
-"""Keep freed host memory in the process, so that XLA:CPU's buffers are not page-faulted in
-afresh at every step.
+"""`tune_host()`: the one call that changes this process, made first (the setup cell of every
+notebook, the `t5nb` command, the benchmarks); importing t5nb changes nothing.
 
-glibc gives large blocks (and per-thread arenas) back to the kernel when they are freed. A
-T5.1.1-small train step on the CPU allocates about 4 GB of temporary buffers, so each step
-took ~1M page faults, 2.7 s of kernel time (8.3 s per step instead of 7.3 s). One arena,
-no mmap'd blocks and no trimming keep that memory for reuse; the cost is that the process
-keeps its peak heap. The settings act only on threads created afterwards, so this runs when
-t5nb is imported, before JAX starts its thread pool. Set T5NB_KEEP_FREED_MEMORY=0 to opt out.
+It keeps freed host memory in the process, so that XLA:CPU's buffers are not page-faulted in
+afresh at every step. glibc gives large blocks (and per-thread arenas) back to the kernel when
+they are freed. A T5.1.1-small train step on the CPU allocates about 4 GB of temporary buffers,
+so each step took ~1M page faults, 2.7 s of kernel time (8.3 s per step instead of 7.3 s;
+`docs/benchmarks.md`). One arena, no mmap'd blocks and no trimming keep that memory for reuse;
+the cost is that the process keeps its peak heap. The settings act only on threads created
+afterwards, so call it before JAX runs anything (it starts its thread pool then).
 """
 import ctypes
-import os
 import platform
 import sys
+import warnings
 
 M_TRIM_THRESHOLD, M_MMAP_MAX, M_ARENA_MAX = -1, -4, -8  # glibc's mallopt parameters
 
 
-def keep_freed_host_memory() -> bool:
-    """Tune glibc's malloc as above; False where it does not apply (not glibc, or opted out)."""
-    if os.environ.get("T5NB_KEEP_FREED_MEMORY", "1") == "0":
+def _jax_started() -> bool:
+    """Whether JAX has created its backends (and with them its thread pools) in this process."""
+    if "jax" not in sys.modules:
         return False
+    from jax._src import xla_bridge
+
+    return bool(getattr(xla_bridge, "_backends", None))
+
+
+def tune_host() -> bool:
+    """Tune glibc's malloc as above; False where it does not apply (not Linux with glibc). A
+    warning says when JAX already runs, as threads it started keep their own arenas."""
     if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
         return False
+    if _jax_started():
+        warnings.warn("t5nb.tune_host() after JAX started: its threads keep their arenas, so train steps may "
+                      "page-fault their buffers in afresh; call it first (restart the kernel)", stacklevel=2)
     mallopt = ctypes.CDLL("libc.so.6").mallopt
     # -1 wraps to SIZE_MAX: never trim the heap's top.
     return all(mallopt(param, value) == 1 for param, value in

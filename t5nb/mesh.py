@@ -5,6 +5,7 @@ import contextvars
 import jax
 import numpy as np
 from flax import nnx
+from flax.linen import partitioning
 from jax.sharding import NamedSharding, PartitionSpec
 
 
@@ -27,23 +28,9 @@ _ACTIVE = contextvars.ContextVar("t5nb_activation_sharding", default=None)
 
 
 def logical_to_spec(axes, rules=STANDARD_RULES) -> PartitionSpec:
-    """PartitionSpec for an array whose dimensions carry logical `axes`.
-
-    As Flax's `logical_to_mesh_axes`: rules apply in order; a rule assigns its mesh axis to a
-    dimension with that logical name not yet assigned, if no other dimension uses that mesh
-    axis; a rule to None keeps the dimension replicated.
-    """
-    spec, assigned, used = [None] * len(axes), [False] * len(axes), set()
-    for logical, mesh_axis in rules:
-        if mesh_axis is not None and mesh_axis in used:
-            continue
-        for index, name in enumerate(axes):
-            if name == logical and not assigned[index]:
-                spec[index], assigned[index] = mesh_axis, True
-                if mesh_axis is not None:
-                    used.add(mesh_axis)
-                break
-    return PartitionSpec(*spec)
+    """PartitionSpec for an array whose dimensions carry logical `axes` (Flax's
+    `logical_to_mesh_axes`: rules apply in order, each mesh axis used at most once)."""
+    return partitioning.logical_to_mesh_axes(tuple(axes), rules)
 
 
 @contextlib.contextmanager
@@ -78,8 +65,8 @@ def make_mesh(num_partitions: int = 1, devices=None) -> jax.sharding.Mesh:
         raise ValueError(f"num_partitions={num_partitions} does not divide the {len(devices)} devices"
                          + (" (more than there are)" if num_partitions > len(devices) else "")
                          + f"; use one of {choices}")
-    grid = np.asarray(devices).reshape(len(devices) // num_partitions, num_partitions)
-    return jax.sharding.Mesh(grid, ("data", "model"))
+    return jax.make_mesh((len(devices) // num_partitions, num_partitions), ("data", "model"), devices=devices,
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)  # shardings by annotation, as in T5X
 
 
 def param_shardings(state, mesh, rules=STANDARD_RULES):

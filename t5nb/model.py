@@ -1,20 +1,24 @@
 """T5 encoder-decoder in Flax NNX, with T5X's parameter names, shapes and logical axes.
 
 Shapes in comments: b batch, l / q / k lengths, e emb_dim, h heads, d head_dim, m mlp_dim,
-v vocab. Parameters are float32; `config.dtype` is the compute dtype. Parameter paths match
-T5X (`encoder/layers_0/attention/query/kernel` as [e, h*d]), so converters are renames.
+v vocab. Parameters are float32; `config.dtype` is the compute dtype. Each module runs its own
+forward pass; `Encoder` and `Decoder` hold their layers in a stack, `layers[i]`. Parameter
+names and shapes are T5X's (`encoder/layers_0/attention/query/kernel` as [e, h*d], layer i of a
+stack named `layers_i` by `t5nb.checkpoints`), so converters are renames.
 """
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from t5nb import speedups
 from t5nb.config import T5Config
 from t5nb.mesh import constrain
 
-NEG_INF = -1e10  # T5X's attention mask bias
+# A bias or logit that takes a position out of a softmax (T5X's attention mask bias): exp of it
+# is 0 in float32 and bfloat16, and sums of a few of them stay finite. Decoding uses it too.
+NEG_INF = -1e10
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": functools.partial(jax.nn.gelu, approximate=True),
                "linear": lambda x: x}
 
@@ -27,21 +31,9 @@ def _param(rngs, init, shape, axes):
     return nnx.Param(init(rngs.params(), shape, jnp.float32), out_sharding=axes, eager_sharding=False)
 
 
-def _hashed_bits(seed, shape):
-    """32 pseudo-random bits per element: murmur3's finaliser of (element index * golden ratio
-    + seed). Indices wrap modulo 2**32, so patterns repeat only past 4G elements."""
-    index = sum(jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(math.prod(shape[axis + 1:]) % 2**32)
-                for axis in range(len(shape)))
-    x = index * jnp.uint32(0x9E3779B9) + seed
-    x = (x ^ (x >> 16)) * jnp.uint32(0x85EBCA6B)
-    x = (x ^ (x >> 13)) * jnp.uint32(0xC2B2AE35)
-    return x ^ (x >> 16)
-
-
 class Dropout(nnx.Module):
-    """Inverted dropout whose mask is a counter-based hash seeded by one draw from
-    `rngs.dropout`. XLA:CPU spends ~25 ns per element on threefry (`nnx.Dropout`), which made
-    dropout a third of a T5.1.1-small train step; the hash fuses into the multiply (~0.5 ns)."""
+    """Inverted dropout; its mask comes from `speedups.keep_mask`, seeded by one draw from
+    `rngs.dropout` (nnx.Dropout's threefry mask is slow on CPU, see there)."""
 
     def __init__(self, rate: float):
         self.rate = rate
@@ -49,32 +41,8 @@ class Dropout(nnx.Module):
     def __call__(self, x, *, deterministic: bool, rngs=None):
         if deterministic or self.rate == 0.0:
             return x
-        seed = jax.random.bits(rngs.dropout(), (), jnp.uint32)
-        keep = _hashed_bits(seed, x.shape) >= jnp.uint32(round(self.rate * 2**32))
+        keep = speedups.keep_mask(jax.random.bits(rngs.dropout(), (), jnp.uint32), x.shape, self.rate)
         return jnp.where(keep, x / (1.0 - self.rate), jnp.zeros_like(x)).astype(x.dtype)
-
-
-@jax.custom_vjp
-def matmul(x, kernel):
-    """x [..., i] @ kernel [i, o], with the kernel gradient computed as x^T @ grad.
-
-    Left to itself, JAX asks for (grad^T @ x)^T, and XLA:CPU then transposes the wide MLP
-    gradient [tokens, m] inside the fusion that computes it, at ~25 ns per element: a fifth of
-    a T5.1.1-small train step. Contracting x instead transposes a saved activation: a plain copy.
-    """
-    return jnp.dot(x, kernel)
-
-
-def _matmul_fwd(x, kernel):
-    return jnp.dot(x, kernel), (x, kernel)
-
-
-def _matmul_bwd(residuals, grad):
-    x, kernel = residuals
-    return jnp.dot(grad, kernel.T), jnp.einsum("...i,...o->io", x, grad)
-
-
-matmul.defvjp(_matmul_fwd, _matmul_bwd)
 
 
 class Dense(nnx.Module):
@@ -85,7 +53,7 @@ class Dense(nnx.Module):
         self.dtype = dtype
 
     def __call__(self, x):
-        return matmul(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        return speedups.matmul(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
 
 
 class Embed(nnx.Module):
@@ -205,6 +173,8 @@ class MlpBlock(nnx.Module):
 
 
 class EncoderLayer(nnx.Module):
+    """Pre-norm self-attention and MLP blocks, each added back as a residual."""
+
     def __init__(self, config: T5Config, rngs):
         self.pre_attention_layer_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
         self.attention = MultiHeadAttention(config, rngs)
@@ -213,6 +183,7 @@ class EncoderLayer(nnx.Module):
         self.dropout = Dropout(config.dropout_rate)
 
     def __call__(self, x, bias, rngs=None):
+        """x [b, l, e], bias [b, h, l, l] -> [b, l, e]."""
         deterministic = rngs is None
         h = self.pre_attention_layer_norm(x)
         x = x + self.dropout(self.attention(h, *self.attention.project_kv(h), bias, rngs),
@@ -222,6 +193,8 @@ class EncoderLayer(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
+    """Pre-norm causal self-attention, attention to the encoder's output, and MLP blocks."""
+
     def __init__(self, config: T5Config, rngs):
         self.pre_self_attention_layer_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
         self.self_attention = MultiHeadAttention(config, rngs)
@@ -231,8 +204,22 @@ class DecoderLayer(nnx.Module):
         self.mlp = MlpBlock(config, rngs)
         self.dropout = Dropout(config.dropout_rate)
 
-    def __call__(self, y, self_kv, self_bias, cross_kv, cross_bias, rngs=None):
-        """`self_kv`/`cross_kv`: (keys, values) [b, h, k, d]; pass None to project from y."""
+    def __call__(self, y, encoded, self_bias, cross_bias, rngs=None):
+        """Teacher forced: y [b, q, e], encoded [b, k, e] -> [b, q, e]."""
+        return self._blocks(y, None, self_bias, self.encoder_decoder_attention.project_kv(encoded), cross_bias, rngs)
+
+    def step(self, y, cache: dict, index, self_bias, cross_bias):
+        """One position y [b, 1, e] at `index`, its keys and values written into this layer's
+        `cache` (see `Decoder.init_cache`) -> ([b, 1, e], the updated cache)."""
+        key, value = self.self_attention.project_kv(self.pre_self_attention_layer_norm(y))
+        cache = {**cache, **{name: jax.lax.dynamic_update_slice_in_dim(cache[name], new, index, axis=2)
+                             for name, new in (("self_key", key), ("self_value", value))}}
+        y = self._blocks(y, (cache["self_key"], cache["self_value"]), self_bias,
+                         (cache["cross_key"], cache["cross_value"]), cross_bias, None)
+        return y, cache
+
+    def _blocks(self, y, self_kv, self_bias, cross_kv, cross_bias, rngs):
+        """`self_kv`/`cross_kv`: (keys, values) [b, h, k, d]; `self_kv` None: projected from y."""
         deterministic = rngs is None
         h = self.pre_self_attention_layer_norm(y)
         self_kv = self_kv or self.self_attention.project_kv(h)
@@ -243,29 +230,6 @@ class DecoderLayer(nnx.Module):
                              deterministic=deterministic, rngs=rngs)
         h = self.mlp(self.pre_mlp_layer_norm(y), rngs)
         return constrain(y + self.dropout(h, deterministic=deterministic, rngs=rngs), ("batch", "length", "embed"))
-
-
-class Encoder(nnx.Module):
-    def __init__(self, config: T5Config, rngs):
-        self.relpos_bias = RelativePositionBiases(config, bidirectional=True, rngs=rngs)
-        for i in range(config.num_encoder_layers):
-            setattr(self, f"layers_{i}", EncoderLayer(config, rngs))
-        self.encoder_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
-        self.dropout = Dropout(config.dropout_rate)
-        self.num_layers = config.num_encoder_layers
-
-
-class Decoder(nnx.Module):
-    def __init__(self, config: T5Config, rngs):
-        self.relpos_bias = RelativePositionBiases(config, bidirectional=False, rngs=rngs)
-        for i in range(config.num_decoder_layers):
-            setattr(self, f"layers_{i}", DecoderLayer(config, rngs))
-        self.decoder_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
-        self.dropout = Dropout(config.dropout_rate)
-        if not config.logits_via_embedding:
-            self.logits_dense = Dense(config.emb_dim, config.vocab_size, ("embed", "vocab"),
-                                      jnp.float32, rngs)
-        self.num_layers = config.num_decoder_layers
 
 
 def attention_mask_bias(query_valid, key_valid, query_segments=None, key_segments=None, causal=False):
@@ -279,8 +243,104 @@ def attention_mask_bias(query_valid, key_valid, query_segments=None, key_segment
     return jnp.where(allowed, 0.0, NEG_INF)[:, None]
 
 
+def shift_right(targets):
+    """Decoder inputs [b, q] from targets [b, q]: 0 (the start token) first, the last one dropped."""
+    return jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))
+
+
+def _embed(embedder: Embed, tokens, dropout: Dropout, rngs):
+    """Token ids [b, l] -> embeddings [b, l, e], dropped out."""
+    x = dropout(embedder(tokens), deterministic=rngs is None, rngs=rngs)
+    return constrain(x, ("batch", "length", "embed"))
+
+
+class Encoder(nnx.Module):
+    """Token ids -> encoded [b, l, e]: embedding, a stack of layers sharing one relative
+    position bias, final norm. `embedder` is the token embedding shared with the decoder."""
+
+    def __init__(self, config: T5Config, rngs):
+        self.relpos_bias = RelativePositionBiases(config, bidirectional=True, rngs=rngs)
+        self.layers = nnx.data([EncoderLayer(config, rngs) for _ in range(config.num_encoder_layers)])
+        self.encoder_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
+        self.dropout = Dropout(config.dropout_rate)
+
+    def __call__(self, embedder: Embed, encoder_input_tokens, encoder_segment_ids=None, rngs=None):
+        """[b, l] token ids (0 = padding) -> [b, l, e]."""
+        length = encoder_input_tokens.shape[1]
+        valid = encoder_input_tokens > 0
+        bias = (attention_mask_bias(valid, valid, encoder_segment_ids, encoder_segment_ids)
+                + self.relpos_bias(jnp.arange(length), jnp.arange(length)))
+        x = _embed(embedder, encoder_input_tokens, self.dropout, rngs)
+        for layer in self.layers:
+            x = layer(x, bias, rngs)
+        return self.dropout(self.encoder_norm(x), deterministic=rngs is None, rngs=rngs)
+
+
+class Decoder(nnx.Module):
+    """Target ids and the encoder's output -> logits [b, q, v], teacher forced (`__call__`) or
+    one position at a time with a key/value cache (`init_cache`, `step`)."""
+
+    def __init__(self, config: T5Config, rngs):
+        self.relpos_bias = RelativePositionBiases(config, bidirectional=False, rngs=rngs)
+        self.layers = nnx.data([DecoderLayer(config, rngs) for _ in range(config.num_decoder_layers)])
+        self.decoder_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
+        self.dropout = Dropout(config.dropout_rate)
+        if not config.logits_via_embedding:
+            self.logits_dense = Dense(config.emb_dim, config.vocab_size, ("embed", "vocab"), jnp.float32, rngs)
+        self.config = config
+
+    def __call__(self, embedder: Embed, encoded, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
+                 encoder_segment_ids=None, decoder_segment_ids=None, rngs=None):
+        """Inputs [b, q] (the targets shifted right) -> logits [b, q, v]. Padding is read from
+        `decoder_target_tokens` (> 0), as in T5X: the inputs start with 0."""
+        length = decoder_input_tokens.shape[1]
+        target_valid, encoder_valid = decoder_target_tokens > 0, encoder_input_tokens > 0
+        self_bias = (attention_mask_bias(target_valid, target_valid, decoder_segment_ids,
+                                         decoder_segment_ids, causal=True)
+                     + self.relpos_bias(jnp.arange(length), jnp.arange(length)))
+        cross_bias = attention_mask_bias(target_valid, encoder_valid, decoder_segment_ids, encoder_segment_ids)
+        y = _embed(embedder, decoder_input_tokens, self.dropout, rngs)
+        for layer in self.layers:
+            y = layer(y, encoded, self_bias, cross_bias, rngs)
+        return self.logits(embedder, y, rngs)
+
+    def logits(self, embedder: Embed, y, rngs=None):
+        """Final norm, dropout and output layer: [b, q, e] -> float32 logits [b, q, v]."""
+        y = self.dropout(self.decoder_norm(y), deterministic=rngs is None, rngs=rngs)
+        if self.config.logits_via_embedding:  # tied: rescale by 1/sqrt(e) as T5 does
+            logits = embedder.attend(y).astype(jnp.float32) / jnp.sqrt(y.shape[-1])
+        else:
+            logits = self.logits_dense(y).astype(jnp.float32)
+        return constrain(logits, ("batch", "length", "vocab"))
+
+    def init_cache(self, encoded, encoder_input_tokens, max_decode_length: int) -> dict:
+        """Cache for `step`: per layer, self-attention keys/values (zeros) and the cross-attention
+        keys/values of `encoded`. A pytree whose array leaves lead with the batch, but `index`."""
+        c = self.config
+        empty = jnp.zeros((encoded.shape[0], c.num_heads, max_decode_length, c.head_dim), c.dtype)
+        layers = []
+        for layer in self.layers:
+            cross_key, cross_value = layer.encoder_decoder_attention.project_kv(encoded)
+            layers.append({"self_key": empty, "self_value": empty, "cross_key": cross_key, "cross_value": cross_value})
+        return {"layers": layers, "encoder_valid": encoder_input_tokens > 0, "index": jnp.zeros((), jnp.int32)}
+
+    def step(self, embedder: Embed, token, cache: dict):
+        """Token [b] at position `cache['index']` -> (logits [b, v], the updated cache)."""
+        index = cache["index"]
+        key_positions = jnp.arange(cache["layers"][0]["self_key"].shape[2])
+        self_bias = (jnp.where(key_positions <= index, 0.0, NEG_INF)[None, None, None, :]
+                     + self.relpos_bias(index[None], key_positions))  # [1, h, 1, k]
+        cross_bias = jnp.where(cache["encoder_valid"], 0.0, NEG_INF)[:, None, None, :]
+        y = _embed(embedder, token[:, None], self.dropout, None)  # [b, 1, e]
+        layers = []
+        for layer, layer_cache in zip(self.layers, cache["layers"]):
+            y, layer_cache = layer.step(y, layer_cache, index, self_bias, cross_bias)
+            layers.append(layer_cache)
+        return self.logits(embedder, y)[:, 0], {**cache, "layers": layers, "index": index + 1}
+
+
 class Transformer(nnx.Module):
-    """The T5 model: `encode`, `decode` (teacher forcing), and cached one-step decoding."""
+    """The T5 model: the token embedding shared by an `Encoder` and a `Decoder`."""
 
     def __init__(self, config: T5Config, *, rngs: nnx.Rngs):
         self.config = config
@@ -288,52 +348,15 @@ class Transformer(nnx.Module):
         self.encoder = Encoder(config, rngs)
         self.decoder = Decoder(config, rngs)
 
-    def _embed(self, tokens, rngs, dropout):
-        x = self.token_embedder(tokens)  # [b, l, e]
-        return constrain(dropout(x, deterministic=rngs is None, rngs=rngs), ("batch", "length", "embed"))
-
     def encode(self, encoder_input_tokens, encoder_segment_ids=None, rngs=None):
         """[b, l] token ids (0 = padding) -> encoded [b, l, e]."""
-        enc = self.encoder
-        length = encoder_input_tokens.shape[1]
-        valid = encoder_input_tokens > 0
-        bias = (attention_mask_bias(valid, valid, encoder_segment_ids, encoder_segment_ids)
-                + enc.relpos_bias(jnp.arange(length), jnp.arange(length)))
-        x = self._embed(encoder_input_tokens, rngs, enc.dropout)
-        for i in range(enc.num_layers):
-            x = getattr(enc, f"layers_{i}")(x, bias, rngs)
-        x = enc.encoder_norm(x)
-        return enc.dropout(x, deterministic=rngs is None, rngs=rngs)
-
-    def _logits(self, y, rngs):
-        """Final norm, dropout and output layer: [b, q, e] -> float32 logits [b, q, v]."""
-        dec = self.decoder
-        y = dec.dropout(dec.decoder_norm(y), deterministic=rngs is None, rngs=rngs)
-        if self.config.logits_via_embedding:  # tied: rescale by 1/sqrt(e) as T5 does
-            logits = self.token_embedder.attend(y).astype(jnp.float32) / jnp.sqrt(y.shape[-1])
-        else:
-            logits = dec.logits_dense(y).astype(jnp.float32)
-        return constrain(logits, ("batch", "length", "vocab"))
+        return self.encoder(self.token_embedder, encoder_input_tokens, encoder_segment_ids, rngs)
 
     def decode(self, encoded, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
                encoder_segment_ids=None, decoder_segment_ids=None, rngs=None):
-        """Teacher-forced decoder: inputs [b, q] (shifted targets) -> logits [b, q, v].
-
-        Padding is read from `decoder_target_tokens` (> 0), as in T5X: the inputs start with 0.
-        """
-        dec = self.decoder
-        length = decoder_input_tokens.shape[1]
-        target_valid, encoder_valid = decoder_target_tokens > 0, encoder_input_tokens > 0
-        self_bias = (attention_mask_bias(target_valid, target_valid, decoder_segment_ids,
-                                         decoder_segment_ids, causal=True)
-                     + dec.relpos_bias(jnp.arange(length), jnp.arange(length)))
-        cross_bias = attention_mask_bias(target_valid, encoder_valid, decoder_segment_ids, encoder_segment_ids)
-        y = self._embed(decoder_input_tokens, rngs, dec.dropout)
-        for i in range(dec.num_layers):
-            layer = getattr(dec, f"layers_{i}")
-            cross_kv = layer.encoder_decoder_attention.project_kv(encoded)
-            y = layer(y, None, self_bias, cross_kv, cross_bias, rngs)
-        return self._logits(y, rngs)
+        """Teacher-forced decoder: inputs [b, q] (shifted targets) -> logits [b, q, v]."""
+        return self.decoder(self.token_embedder, encoded, encoder_input_tokens, decoder_input_tokens,
+                            decoder_target_tokens, encoder_segment_ids, decoder_segment_ids, rngs)
 
     def __call__(self, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
                  encoder_segment_ids=None, decoder_segment_ids=None, rngs=None):
@@ -342,46 +365,10 @@ class Transformer(nnx.Module):
         return self.decode(encoded, encoder_input_tokens, decoder_input_tokens, decoder_target_tokens,
                            encoder_segment_ids, decoder_segment_ids, rngs)
 
-    # -- incremental decoding -------------------------------------------------------------
-    def init_cache(self, encoded, encoder_input_tokens, max_decode_length):
-        """Cache for `decode_step`: per-layer self keys/values (zeros), cross keys/values.
+    def init_cache(self, encoded, encoder_input_tokens, max_decode_length: int) -> dict:
+        """The decoder's cache for `decode_step` (`Decoder.init_cache`)."""
+        return self.decoder.init_cache(encoded, encoder_input_tokens, max_decode_length)
 
-        A pytree whose array leaves all lead with the batch dimension, except `index`.
-        """
-        c, dec = self.config, self.decoder
-        batch = encoded.shape[0]
-        empty = jnp.zeros((batch, c.num_heads, max_decode_length, c.head_dim), c.dtype)
-        layers = []
-        for i in range(dec.num_layers):
-            cross_key, cross_value = getattr(dec, f"layers_{i}").encoder_decoder_attention.project_kv(encoded)
-            layers.append({"self_key": empty, "self_value": empty,
-                           "cross_key": cross_key, "cross_value": cross_value})
-        return {"layers": layers, "encoder_valid": encoder_input_tokens > 0,
-                "index": jnp.zeros((), jnp.int32)}
-
-    def decode_step(self, token, cache):
+    def decode_step(self, token, cache: dict):
         """One decoder position: token [b] at `cache['index']` -> logits [b, v], new cache."""
-        dec = self.decoder
-        index = cache["index"]
-        max_length = cache["layers"][0]["self_key"].shape[2]
-        key_positions = jnp.arange(max_length)
-        self_bias = (jnp.where(key_positions <= index, 0.0, NEG_INF)[None, None, None, :]
-                     + dec.relpos_bias(index[None], key_positions))  # [1, h, 1, k]
-        cross_bias = jnp.where(cache["encoder_valid"], 0.0, NEG_INF)[:, None, None, :]
-        y = self._embed(token[:, None], None, dec.dropout)  # [b, 1, e]
-        new_layers = []
-        for i, layer_cache in enumerate(cache["layers"]):
-            layer = getattr(dec, f"layers_{i}")
-            key, value = layer.self_attention.project_kv(layer.pre_self_attention_layer_norm(y))
-            layer_cache = dict(layer_cache)
-            for name, new in (("self_key", key), ("self_value", value)):
-                layer_cache[name] = jax.lax.dynamic_update_slice_in_dim(layer_cache[name], new, index, axis=2)
-            y = layer(y, (layer_cache["self_key"], layer_cache["self_value"]), self_bias,
-                      (layer_cache["cross_key"], layer_cache["cross_value"]), cross_bias)
-            new_layers.append(layer_cache)
-        logits = self._logits(y, None)[:, 0]
-        return logits, {**cache, "layers": new_layers, "index": index + 1}
-
-
-def param_count(model: nnx.Module) -> int:
-    return sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+        return self.decoder.step(self.token_embedder, token, cache)

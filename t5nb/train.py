@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from t5nb import _tensorflow  # noqa: F401, I001  (first: TensorFlow for tf.data only, accelerators hidden)
 from clu import metric_writers
 from flax import nnx, struct
 from tqdm.auto import tqdm
@@ -270,14 +271,14 @@ def finalize(sums: dict) -> dict:
     return {name: float(value) for name, value in out.items()}
 
 
-def evaluate(trainer: Trainer, params: dict, batches) -> dict:
+def teacher_forced(trainer: Trainer, params: dict, batches) -> dict:
     """Teacher-forced loss and token accuracy over an iterable of batches."""
     total = None
     for batch in batches:
         sums = trainer.eval_step(params, trainer.shard_batch(batch))
         total = sums if total is None else jax.tree.map(jnp.add, total, sums)
     if total is None:
-        raise ValueError("evaluate() got no batches")
+        raise ValueError("teacher_forced() got no batches")
     return finalize(jax.device_get(total))
 
 
@@ -484,7 +485,7 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
                 if step % log_every == 0 or at_checkpoint or step == num_steps:
                     flush()
                 if validating and (step % eval_every == 0 or step == num_steps):
-                    metrics = {} if eval_batches is None else evaluate(trainer, state.params, eval_batches())
+                    metrics = {} if eval_batches is None else teacher_forced(trainer, state.params, eval_batches())
                     if decoded_eval is not None:
                         decoded = decoded_eval(trainer.model(state.params))
                         metrics.update({f"{DECODED}{name}": value for name, value in decoded.items()})

@@ -15,15 +15,12 @@ from t5nb.config import T5Config, get_config
 from t5nb.profiles import Profile, compute_dtype
 from t5nb.system import in_colab
 from t5nb.model import Transformer
-from t5nb.train import Trainer, TrainConfig, TrainResult, params_of, train
-from t5nb.train import evaluate as teacher_forced
-
-REPO = pathlib.Path(__file__).resolve().parent.parent
-
+from t5nb.paths import REPO_ROOT
+from t5nb.train import Trainer, TrainConfig, TrainResult, params_of, teacher_forced, train
 
 def runs_dir() -> pathlib.Path:
     """Where runs go: `$T5NB_RUNS_DIR`, else `runs/` beside the notebooks (`/content/runs` on Colab)."""
-    default = "/content/runs" if in_colab() else REPO / "runs"
+    default = "/content/runs" if in_colab() else REPO_ROOT / "runs"
     return pathlib.Path(os.environ.get("T5NB_RUNS_DIR", default))
 
 
@@ -175,7 +172,7 @@ def finetune_and_evaluate(profile: Profile, task, init: Transformer | None, name
 
 def teacher_forced_and_decoded(profile: Profile, task, trainer: Trainer, result: TrainResult) -> tuple[dict, dict]:
     """T5X's two evaluations of a run's final state on `task`'s validation split: teacher-forced
-    loss and token accuracy (`train.evaluate`, T5X's train_eval) over all full batches, and the
+    loss and token accuracy (`train.teacher_forced`, T5X's train_eval) over all full batches, and the
     task's metrics on decoded answers (`evaluate.infer_eval`)."""
     lengths = finetune_lengths(profile)
     validation_split = tasks.BatchIterator(task, lengths, profile.batch_size, split="validation", shuffle=False,

@@ -105,7 +105,7 @@ def test_beam_search_finds_the_sequence_greedy_misses(markov_model):
     beams = decode.beam_search(markov_model, make_inputs(), LENGTH, num_decodes=2, alpha=0.6)
     np.testing.assert_array_equal(beams.sequences[:, :, :3], [[[3, 1, 0], [2, 1, 0]]] * 4)
     np.testing.assert_allclose(beams.scores, [np.log([0.4, 0.6 * 0.55])] * 4, rtol=1e-4)
-    best = decode.decode(markov_model, make_inputs(), LENGTH, method="beam", num_decodes=2, alpha=0.6)
+    best = decode.generate(markov_model, make_inputs(), LENGTH, method="beam", num_decodes=2, alpha=0.6)
     np.testing.assert_array_equal(best.sequences, beams.sequences[:, 0])
 
 

@@ -1,5 +1,7 @@
-"""The installed environment: one provider per module, pip check, a quiet import, host memory kept."""
+"""The installed environment: one provider per module, pip check, an import that changes nothing, a quiet
+TensorFlow, host memory kept by `t5nb.tune_host()`."""
 import importlib.metadata
+import json
 import os
 import platform
 import subprocess
@@ -19,9 +21,47 @@ def test_pip_check_passes():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_import_is_quiet_and_hides_accelerators_from_tensorflow():
+# An import that changes nothing: environment, file descriptors, modules that do (JAX sets
+# environment variables when imported, TensorFlow more), and glibc's malloc, seen through
+# `malloc_info`: a 64 MB block is mmap'd by default, and never after `tune_host()`.
+IMPORT_T5NB = """
+import ctypes, json, os, sys, tempfile
+before = dict(os.environ), sorted(os.listdir("/proc/self/fd"))
+import t5nb
+{after_import}
+after = dict(os.environ), sorted(os.listdir("/proc/self/fd"))
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.fopen.restype = ctypes.c_void_p, ctypes.c_void_p
+libc.fopen.argtypes, libc.malloc_info.argtypes, libc.fclose.argtypes = [ctypes.c_char_p] * 2, [ctypes.c_int, ctypes.c_void_p], [ctypes.c_void_p]
+def mmapped_blocks():
+    with tempfile.NamedTemporaryFile() as report:
+        stream = libc.fopen(report.name.encode(), b"w")
+        libc.malloc_info(0, stream)
+        libc.fclose(stream)
+        return int(report.read().decode().split('<total type="mmap" count="')[1].split('"')[0])
+count = mmapped_blocks()
+block = libc.malloc(64 << 20)
+mmapped = mmapped_blocks() > count
+print(json.dumps({{"unchanged": before == after, "modules": sorted({{"jax", "tensorflow", "seqio"}} & set(sys.modules)),
+                  "mmapped": mmapped}}))
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_info is glibc's")
+def test_importing_t5nb_changes_nothing_and_tune_host_is_the_one_call_that_does():
+    def run(after_import=""):
+        result = subprocess.run([sys.executable, "-c", IMPORT_T5NB.format(after_import=after_import)],
+                                capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    assert run() == {"unchanged": True, "modules": [], "mmapped": True}
+    assert run("t5nb.tune_host()")["mmapped"] is False
+
+
+def test_tensorflow_is_quiet_and_hides_accelerators():
     code = (
-        "import t5nb, seqio, t5, tensorflow_datasets, clu.metric_writers\n"
+        "import t5nb.tasks, seqio, t5, tensorflow_datasets, clu.metric_writers\n"
         "import tensorflow as tf\n"
         "print(tf.config.get_visible_devices('GPU'), tf.config.get_visible_devices('TPU'))\n"
     )
@@ -39,6 +79,7 @@ FAULTS_OF_A_REPEATED_STEP = """
 import ctypes, resource
 ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)
 import t5nb
+{tune}
 import jax, jax.numpy as jnp
 x, w = jnp.ones((4096, 256)), jnp.ones((256, 16384)) / 256
 step = jax.jit(lambda x, w: (jnp.tanh(x @ w) @ w.T).sum())
@@ -51,21 +92,18 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the malloc tuning is glibc's")
-def test_import_keeps_freed_host_memory_so_repeated_steps_do_not_fault_pages():
-    from t5nb._host_memory import keep_freed_host_memory
-
-    assert keep_freed_host_memory()  # glibc took all three settings: what t5nb controls
-
-    def faults(**env):
-        result = subprocess.run([sys.executable, "-c", FAULTS_OF_A_REPEATED_STEP], capture_output=True,
-                                text=True, env={**os.environ, **env})
+def test_tune_host_keeps_freed_host_memory_so_repeated_steps_do_not_fault_pages():
+    def faults(tune: str):
+        result = subprocess.run([sys.executable, "-c", FAULTS_OF_A_REPEATED_STEP.format(tune=tune)],
+                                capture_output=True, text=True)
         assert result.returncode == 0, result.stderr
         return int(result.stdout.split()[-1])
 
-    kept, opted_out = faults(), faults(T5NB_KEEP_FREED_MEMORY="0")
-    print(f"page faults of a repeated step: {kept} kept, {opted_out} opted out")
-    if opted_out < 1024:  # under 4 MB of the 256 MB temporary came back from the kernel
+    assert subprocess.run([sys.executable, "-c", "import sys, t5nb; sys.exit(not t5nb.tune_host())"]).returncode == 0
+    kept, untuned = faults("assert t5nb.tune_host()"), faults("")  # glibc took all three settings
+    print(f"page faults of a repeated step: {kept} with tune_host(), {untuned} without")
+    if untuned < 1024:  # under 4 MB of the 256 MB temporary came back from the kernel
         pytest.skip(f"this host's allocator already keeps the freed temporary: a repeated step faulted "
-                    f"{opted_out} pages without t5nb's setting ({kept} with it), so the setting has "
+                    f"{untuned} pages without t5nb's setting ({kept} with it), so the setting has "
                     f"nothing to show")
-    assert kept * 10 < opted_out
+    assert kept * 10 < untuned

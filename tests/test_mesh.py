@@ -39,7 +39,7 @@ def test_make_mesh_and_a_clear_error_when_partitions_do_not_divide():
 def test_sharding_summary_names_every_parameter_with_its_axes():
     state = nnx.state(nnx.eval_shape(lambda: Transformer(get_config("t5.1.1-tiny"), rngs=nnx.Rngs(0))), nnx.Param)
     table = mesh_lib.describe_sharding(state, mesh_lib.make_mesh())
-    row = next(line for line in table.splitlines() if line.startswith("decoder/layers_0/mlp/wi_0/kernel"))
+    row = next(line for line in table.splitlines() if line.startswith("decoder/layers/0/mlp/wi_0/kernel"))
     assert "8x16" in row and "('embed', 'mlp')" in row and "(None, 'model')" in row
     assert len(table.splitlines()) == 1 + len(jax.tree.leaves(state))
     assert "Mesh data=1 x model=1 over 1 device(s)" in mesh_lib.describe_mesh(mesh_lib.make_mesh())

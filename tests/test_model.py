@@ -6,7 +6,7 @@ from flax import nnx
 
 from t5nb.checkpoints import abstract_params, model_from_params
 from t5nb.config import get_config
-from t5nb.model import Dropout, Transformer
+from t5nb.model import Dropout, Transformer, shift_right
 
 VOCAB = 64
 # Published sizes (vocab 32128): T5 paper / T5X model cards, T5.1.1 checkpoints.
@@ -43,10 +43,6 @@ def tokens(rng, lengths, width):
         out[row, :length - 1] = rng.integers(2, VOCAB, length - 1)
         out[row, length - 1] = 1
     return jnp.asarray(out)
-
-
-def shift_right(targets):
-    return jnp.concatenate([jnp.zeros_like(targets[:, :1]), targets[:, :-1]], axis=1)
 
 
 forward = nnx.jit(lambda model, inputs, targets: model(inputs, shift_right(targets), targets))

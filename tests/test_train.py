@@ -15,6 +15,7 @@ import optax
 import pytest
 
 from t5nb.config import get_config
+from t5nb.model import shift_right
 from t5nb.train import TrainConfig, Trainer, cross_entropy_with_z_loss, is_argmax, train
 
 WORKER = pathlib.Path(__file__).with_name("train_worker.py")
@@ -68,7 +69,7 @@ def copy_batch(rows=8, length=10, vocab=64, seed=0):
     x = np.random.default_rng(seed).integers(2, vocab, (rows, length), dtype=np.int32)
     t = x[:, ::-1].copy()
     return {"encoder_input_tokens": x, "decoder_target_tokens": t,
-            "decoder_input_tokens": np.concatenate([np.zeros((rows, 1), np.int32), t[:, :-1]], 1)}
+            "decoder_input_tokens": np.asarray(shift_right(t))}
 
 
 def test_gradient_accumulation_equals_the_full_batch():

@@ -31,6 +31,7 @@ if args.coordinator:
 
 from t5nb import mesh as mesh_lib  # noqa: E402
 from t5nb.config import get_config  # noqa: E402
+from t5nb.model import shift_right  # noqa: E402
 from t5nb.train import TrainConfig, Trainer, train  # noqa: E402
 
 mesh_lib.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
@@ -48,7 +49,7 @@ class CopyTask:
         x = rng.integers(2, self.vocab, (self.global_batch, self.length), dtype=np.int32)
         x[:, -3:] = 0  # some padding
         t = x[:, ::-1].copy()
-        d = np.concatenate([np.zeros((self.global_batch, 1), np.int32), t[:, :-1]], 1)
+        d = np.asarray(shift_right(t))
         batch = {"encoder_input_tokens": x, "decoder_target_tokens": t, "decoder_input_tokens": d}
         self.seen_log.write(f"{self.n} {hashlib.sha256(x.tobytes()).hexdigest()[:16]}\n")
         self.seen_log.flush()

@@ -7,7 +7,9 @@ Importing registers the facts tasks and the real tasks (idempotently):
 - `c4_span_corruption`, `wmt14_ende`, `nq_open`, `triviaqa_nocontext`, mixture
   `closed_book_qa` (and `..._byte`): see `real`.
 """
-from t5nb.tasks.batching import BatchIterator, Preview, Previews, get_dataset, preview, validation_batches
+from t5nb import _tensorflow  # noqa: F401, I001  (first: TensorFlow for tf.data only, accelerators hidden)
+from t5nb.tasks.batching import (BatchIterator, Preview, Previews, as_text, get_dataset, preview,
+                                 validation_batches)
 from t5nb.tasks.custom import TaskDataError, describe, read_examples, read_rows, register_task, token_lengths
 from t5nb.tasks.offline import FACT_CHECK, QA, SPAN_CORRUPTION, register_facts_tasks
 from t5nb.tasks.real import register_nq_open_jsonl, register_real_tasks, register_triviaqa_jsonl
@@ -22,7 +24,7 @@ register_real_tasks("byte", suffix="_byte")
 
 __all__ = [
     "BatchIterator", "FACTS_SPM_PATH", "FACT_CHECK", "Preview", "Previews", "QA", "SPAN_CORRUPTION", "TaskDataError",
-    "TaskNameError", "check_vocabulary", "describe", "describe_vocabulary", "get_dataset", "get_task",
+    "TaskNameError", "as_text", "check_vocabulary", "describe", "describe_vocabulary", "get_dataset", "get_task",
     "get_vocabulary", "preview", "read_examples", "read_rows", "register_facts_tasks", "register_nq_open_jsonl",
     "register_real_tasks", "register_task", "register_triviaqa_jsonl", "shared_data_dir", "token_lengths",
     "validation_batches",

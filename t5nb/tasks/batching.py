@@ -153,12 +153,14 @@ class Preview:
         return "\n".join(lines)
 
 
-def _text(value) -> str | list:
+def as_text(value) -> str | list:
+    """bytes, and arrays or lists of them (tf.data's strings) -> str, for printing, postprocessors
+    and JSON; anything else as it is."""
     if isinstance(value, bytes):
         return value.decode("utf-8", errors="replace")
     if hasattr(value, "tolist"):
-        return _text(value.tolist())
-    return [_text(v) for v in value] if isinstance(value, list) else value
+        return as_text(value.tolist())
+    return [as_text(v) for v in value] if isinstance(value, (list, tuple)) else value
 
 
 class Previews(dict):
@@ -186,4 +188,4 @@ def preview(task, feature_lengths: dict | None = None, split: str = "train", ind
             ids[feature] = example[feature].tolist()
             preprocessed[feature] = spec.vocabulary.decode(ids[feature])
             pieces[feature] = [spec.vocabulary.decode([i]) or f"<id {i}>" for i in ids[feature]]
-    return Preview({k: _text(v) for k, v in raw.items()}, preprocessed, ids, pieces)
+    return Preview({k: as_text(v) for k, v in raw.items()}, preprocessed, ids, pieces)

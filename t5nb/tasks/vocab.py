@@ -13,8 +13,8 @@ import seqio
 import sentencepiece
 
 from t5nb import remote
+from t5nb.paths import REPO_ROOT
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 DATA_DIR = REPO_ROOT / "data"
 FACTS_SPM_PATH = DATA_DIR / "facts_spm.model"
 FACTS_VOCAB_SIZE = 1024  # pieces; seqio adds EXTRA_IDS sentinels on top
