@@ -1,10 +1,12 @@
 """Checkpoint converters: Hugging Face T5 (config.json + safetensors, Flax msgpack or PyTorch
 weights, local or `hf://<org>/<repo>`) and T5X <-> t5nb.
 
-A model's parameters are a nested dict (`nnx.to_pure_dict`) whose layer stacks are keyed by
-index: `{"encoder": {"layers": {0: {"attention": {"query": {"kernel": ...}}}}}}`. Converters
-read and write them by T5X's flat names, `encoder/layers_0/attention/query/kernel` (`flatten`,
-`unflatten`); `HF_NAME_TABLE` is the one table between T5X and Hugging Face names.
+t5nb's parameters have one form: a nested dict (`params_of(model)`; the train state holds the
+same) whose layer stacks are keyed by index, `{"encoder": {"layers": {0: {"attention": ...}}}}`.
+Loaders return models, or that dict (`read_hf_checkpoint`, `read_t5x_checkpoint`);
+`model_from_params` refuses any other form. Only the converters use T5X's flat names,
+`encoder/layers_0/attention/query/kernel` (`flatten`, `unflatten`); `HF_NAME_TABLE` is the one
+table between those and Hugging Face's names.
 """
 import json
 import os
@@ -147,8 +149,17 @@ def check_params(config: T5Config, flat: dict, source_names: dict[str, str] | No
         raise CheckpointError(problems[0] + more)
 
 
+def params_of(model: Transformer) -> dict:
+    """A model's parameters in t5nb's one form: the nested dict (`Trainer` states hold it too)."""
+    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+
+
 def model_from_params(config: T5Config, params: dict) -> Transformer:
-    """A t5nb `Transformer` holding `params` (a T5X-style tree or flat dict), checked first."""
+    """A t5nb `Transformer` of `config` holding `params` (the nested dict), checked first."""
+    if isinstance(params, dict) and any("/" in str(key) for key in params):
+        raise TypeError("params is a flat dict of paths such as 'encoder/layers_0/...'; t5nb takes the nested dict "
+                        "that checkpoints.params_of, read_hf_checkpoint and read_t5x_checkpoint return "
+                        "(checkpoints.unflatten turns T5X's flat names into it)")
     flat = flatten(params)
     check_params(config, flat)
     model = abstract_model(config)
@@ -166,12 +177,6 @@ def warn_if_not_finite(model: Transformer, source) -> None:
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
         warnings.warn(f"{source}: NaN or infinite values in {len(bad)} parameter(s): {', '.join(bad[:3])}{more}",
                       RuntimeWarning, stacklevel=3)
-
-
-def model_params(model: Transformer) -> dict[str, np.ndarray]:
-    """The model's parameters as a flat `path -> numpy float32` dict."""
-    return {path: np.asarray(value, np.float32)
-            for path, value in flatten(nnx.to_pure_dict(nnx.state(model, nnx.Param))).items()}
 
 
 # -- Hugging Face --------------------------------------------------------------------------------
@@ -338,8 +343,8 @@ def read_hf_config(source) -> T5Config:
     return _hf_config(_hf_files(os.fspath(source))[1])
 
 
-def read_hf_checkpoint(source) -> tuple[T5Config, dict[str, np.ndarray]]:
-    """(config, flat t5nb params) from a Hugging Face directory or `hf://<org>/<repo>` (see `load_hf`)."""
+def read_hf_checkpoint(source) -> tuple[T5Config, dict]:
+    """(config, params) from a Hugging Face directory or `hf://<org>/<repo>` (see `load_hf`)."""
     weights, local = _hf_files(os.fspath(source))
     config = _hf_config(local)
     tensors = _read_weights(weights, local)
@@ -365,7 +370,7 @@ def read_hf_checkpoint(source) -> tuple[T5Config, dict[str, np.ndarray]]:
         flat[path] = array.T if transposed else array
     check_params(config, flat, {path: f"HF {name}" + (", transposed" if transposed else "")
                                 for name, (path, transposed) in names.items()})
-    return config, flat
+    return config, unflatten(flat)
 
 
 def load_hf(source) -> Transformer:
@@ -382,8 +387,9 @@ def save_hf(model: Transformer, directory) -> None:
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
     tensors = {}
-    for path, array in model_params(model).items():
+    for path, array in flatten(params_of(model)).items():
         name, transposed = hf_name(path)
+        array = np.asarray(array, np.float32)
         tensors[name] = np.ascontiguousarray(array.T if transposed else array)
     safetensors.numpy.save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(directory, "config.json"), "w") as f:
@@ -421,8 +427,8 @@ def _read_leaf(value, checkpoint_dir: str) -> np.ndarray:
     return np.asarray(ts.open(spec, read=True).result().read().result(), np.float32)
 
 
-def read_t5x_checkpoint(path) -> dict[str, np.ndarray]:
-    """Flat float32 params of a T5X checkpoint's `target` (optimizer state is skipped).
+def read_t5x_checkpoint(path) -> dict:
+    """The float32 params of a T5X checkpoint's `target` (optimizer state is skipped).
 
     `path`: a `checkpoint_<step>` directory, its `checkpoint` msgpack file, or a single-file
     msgpack checkpoint; local or `gs://` (read through tensorstore).
@@ -442,8 +448,8 @@ def read_t5x_checkpoint(path) -> dict[str, np.ndarray]:
         keys = sorted(contents) if isinstance(contents, dict) else type(contents).__name__
         raise CheckpointError(f"{path}: unknown layout, expected T5X's optimizer/target, found {keys}")
     leaves = jax.tree.leaves_with_path(target, is_leaf=_is_tensorstore_spec)
-    return {"/".join(str(k.key) for k in keypath): _read_leaf(leaf, checkpoint_dir)
-            for keypath, leaf in leaves}
+    return unflatten({"/".join(str(k.key) for k in keypath): _read_leaf(leaf, checkpoint_dir)
+                      for keypath, leaf in leaves})
 
 
 def load_t5x(path, config: T5Config) -> Transformer:

@@ -105,7 +105,7 @@ def is_argmax(logits, targets):
 @struct.dataclass
 class TrainState:
     step: jax.Array
-    params: dict  # nested dict of float32 arrays, T5X names
+    params: dict  # float32 arrays in t5nb's nested dict (`checkpoints.params_of`)
     opt_state: optax.OptState
 
 
@@ -113,11 +113,6 @@ def _loss_weights(batch):
     if "decoder_loss_weights" in batch:
         return batch["decoder_loss_weights"].astype(jnp.float32)
     return (batch["decoder_target_tokens"] > 0).astype(jnp.float32)
-
-
-def params_of(model: Transformer) -> dict:
-    """A model's parameters as the nested dict the train state holds (`Trainer.model` inverts it)."""
-    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
 
 
 class Trainer:

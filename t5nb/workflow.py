@@ -11,12 +11,13 @@ import warnings
 import jax
 
 from t5nb import evaluate, tasks
+from t5nb.checkpoints import params_of
 from t5nb.config import T5Config, get_config
 from t5nb.profiles import Profile, compute_dtype
 from t5nb.system import in_colab
 from t5nb.model import Transformer
 from t5nb.paths import REPO_ROOT
-from t5nb.train import Trainer, TrainConfig, TrainResult, params_of, teacher_forced, train
+from t5nb.train import Trainer, TrainConfig, TrainResult, teacher_forced, train
 
 def runs_dir() -> pathlib.Path:
     """Where runs go: `$T5NB_RUNS_DIR`, else `runs/` beside the notebooks (`/content/runs` on Colab)."""

@@ -53,9 +53,9 @@ def write(env, name: str, content: str) -> pathlib.Path:
 
 def with_param(model, path: str, value: float):
     """A copy of `model` whose parameter `path` is filled with `value` (NaN, inf)."""
-    params = checkpoints.model_params(model)
+    params = checkpoints.flatten(checkpoints.params_of(model))
     params[path] = np.full_like(params[path], value)
-    return checkpoints.model_from_params(model.config, params)
+    return checkpoints.model_from_params(model.config, checkpoints.unflatten(params))
 
 
 def nested(flat: dict) -> dict:
@@ -66,7 +66,7 @@ def nested(flat: dict) -> dict:
 def t5x_file(env, model) -> pathlib.Path:
     """A single-file T5X msgpack checkpoint of `model`'s parameters."""
     path = env.tmp / "checkpoint"
-    target = nested(checkpoints.model_params(model))
+    target = nested(checkpoints.flatten(checkpoints.params_of(model)))
     path.write_bytes(serialization.msgpack_serialize({"optimizer": {"target": target}}))
     return path
 

@@ -14,7 +14,7 @@ from flax import nnx, serialization
 from t5nb import checkpoints
 from t5nb.config import get_config
 from t5nb.model import Transformer
-from test_model import forward, random_params, shift_right, tokens
+from test_model import flat_params, forward, random_params, shift_right, tokens
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -80,9 +80,9 @@ def random_hf_model(hf_kwargs: dict):
 def random_t5nb_model(preset: str):
     """t5nb's own random init, with random norm scales (they start at one)."""
     config = get_config(preset, vocab_size=VOCAB, dropout_rate=0.0)
-    params = checkpoints.model_params(Transformer(config, rngs=nnx.Rngs(0)))
+    params = flat_params(Transformer(config, rngs=nnx.Rngs(0)))
     params.update({path: value for path, value in random_params(config).items() if path.endswith("scale")})
-    return checkpoints.model_from_params(config, params)
+    return checkpoints.model_from_params(config, checkpoints.unflatten(params))
 
 
 @pytest.mark.parametrize("hf_kwargs", [HF_T5_1_0, HF_T5_1_1], ids=["t5-1.0-relu-tied", "t5.1.1-gated-untied"])
@@ -110,7 +110,8 @@ def test_t5nb_model_exports_to_transformers_with_equal_logits(tmp_path, preset):
     assert diff < TOLERANCE
     config, params = checkpoints.read_hf_checkpoint(tmp_path)  # and back, bit for bit
     assert config == model.config
-    for path, value in checkpoints.model_params(model).items():
+    params = checkpoints.flatten(params)
+    for path, value in flat_params(model).items():
         np.testing.assert_array_equal(params[path], value, err_msg=path)
 
 
@@ -127,7 +128,7 @@ def test_parameter_gradients_equal_transformers(tmp_path):
         log_probs = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
         return -jnp.sum(log_probs * (targets > 0))
 
-    grads = checkpoints.model_params(nnx.grad(summed_nll)(model))
+    grads = flat_params(nnx.grad(summed_nll)(model))
     hf_loss = torch.nn.functional.cross_entropy(
         hf_model(input_ids=torch.tensor(np.asarray(inputs), dtype=torch.long),
                  attention_mask=torch.tensor(np.asarray(inputs) > 0),
@@ -195,14 +196,14 @@ def test_native_t5x_zarr_layout_round_trips(tmp_path):
     chunks = [p.name for p in (checkpoint_dir / "target.token_embedder.embedding").iterdir()]
     assert ".zarray" in chunks and len(chunks) == 5  # 2 x 2 chunks
     for path in (checkpoint_dir, checkpoint_dir / "checkpoint"):
-        restored = checkpoints.read_t5x_checkpoint(path)
+        restored = checkpoints.flatten(checkpoints.read_t5x_checkpoint(path))
         assert restored.keys() == params.keys()
         for key, value in params.items():
             if key.startswith("encoder/") and not key.endswith("scale"):
                 value = value.astype(jnp.bfloat16).astype(np.float32)
             np.testing.assert_array_equal(restored[key], value, err_msg=key)
     model = checkpoints.load_t5x(checkpoint_dir, config)
-    np.testing.assert_array_equal(checkpoints.model_params(model)["decoder/logits_dense/kernel"],
+    np.testing.assert_array_equal(flat_params(model)["decoder/logits_dense/kernel"],
                                   params["decoder/logits_dense/kernel"])
 
 
@@ -221,7 +222,7 @@ def test_official_vocabulary_gives_the_golden_ids():
 @pytest.fixture
 def hf_dir(tmp_path):
     config = get_config("t5.1.1-tiny", vocab_size=VOCAB, dropout_rate=0.0)
-    checkpoints.save_hf(checkpoints.model_from_params(config, random_params(config)), tmp_path)
+    checkpoints.save_hf(checkpoints.model_from_params(config, checkpoints.unflatten(random_params(config))), tmp_path)
     return tmp_path
 
 
@@ -273,6 +274,7 @@ def test_t5x_unknown_layout_and_missing_path_are_refused(tmp_path):
 
 def test_sharded_hf_checkpoint_reads_like_a_single_file(hf_dir, tmp_path_factory):
     config, params = checkpoints.read_hf_checkpoint(hf_dir)
+    params = checkpoints.flatten(params)
     tensors = safetensors.numpy.load_file(hf_dir / "model.safetensors")
     sharded = tmp_path_factory.mktemp("sharded")
     (sharded / "config.json").write_text((hf_dir / "config.json").read_text())
@@ -281,6 +283,7 @@ def test_sharded_hf_checkpoint_reads_like_a_single_file(hf_dir, tmp_path_factory
         safetensors.numpy.save_file({n: t for n, t in tensors.items() if weight_map[n] == shard}, sharded / shard)
     (sharded / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     sharded_config, sharded_params = checkpoints.read_hf_checkpoint(sharded)
+    sharded_params = checkpoints.flatten(sharded_params)
     assert sharded_config == config and sharded_params.keys() == params.keys()
     for path, value in params.items():
         np.testing.assert_array_equal(sharded_params[path], value, err_msg=path)

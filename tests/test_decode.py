@@ -16,9 +16,10 @@ import pytest
 from flax import nnx
 
 from t5nb import decode
-from t5nb.checkpoints import model_from_params, model_params
+from t5nb.checkpoints import model_from_params, unflatten
 from t5nb.config import get_config
 from t5nb.model import Transformer
+from test_model import flat_params
 
 CONFIG = get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0)
 LENGTH = 8  # max decode length
@@ -54,7 +55,7 @@ def model():
 def markov_model():
     """Decoder layers switched off (output projections zero) and one-hot embeddings: the next
     token's distribution is `MARKOV[previous token]`, whatever the inputs."""
-    params = {name: np.array(value) for name, value in model_params(Transformer(CONFIG, rngs=nnx.Rngs(1))).items()}
+    params = {name: np.array(value) for name, value in flat_params(Transformer(CONFIG, rngs=nnx.Rngs(1))).items()}
     for name in params:
         if name.startswith("decoder/layers_") and name.endswith(("attention/out/kernel", "mlp/wo/kernel")):
             params[name][:] = 0
@@ -65,7 +66,7 @@ def markov_model():
         for token, p in nexts.items():
             logits[previous, token] = math.log(p)
     params["decoder/logits_dense/kernel"][:] = logits / math.sqrt(emb)  # RMS norm scales one-hot by sqrt(e)
-    return model_from_params(CONFIG, params)
+    return model_from_params(CONFIG, unflatten(params))
 
 
 @pytest.fixture(scope="module")

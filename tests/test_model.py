@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from t5nb.checkpoints import abstract_params, model_from_params
+from t5nb.checkpoints import abstract_params, flatten, model_from_params, params_of, unflatten
 from t5nb.config import get_config
 from t5nb.model import Dropout, Transformer, shift_right
 
@@ -31,9 +31,14 @@ def random_params(config, seed: int = 0) -> dict:
     return params
 
 
+def flat_params(model) -> dict:
+    """A model's parameters by T5X's flat names, as numpy."""
+    return {path: np.asarray(value) for path, value in flatten(params_of(model)).items()}
+
+
 def random_model(preset: str, seed: int = 0) -> Transformer:
     config = get_config(preset, vocab_size=VOCAB, dropout_rate=0.0)
-    return model_from_params(config, random_params(config, seed))
+    return model_from_params(config, unflatten(random_params(config, seed)))
 
 
 def tokens(rng, lengths, width):

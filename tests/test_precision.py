@@ -10,7 +10,7 @@ from t5nb import workflow
 from t5nb.mesh import make_mesh
 from t5nb.model import Transformer
 from t5nb.profiles import PROFILES, compute_dtype
-from t5nb.train import params_of
+from t5nb.checkpoints import params_of
 
 Device = types.SimpleNamespace  # what compute_dtype reads of a jax.Device
 CHIPS = {  # a chip as JAX reports it -> the dtype it should compute in

@@ -79,8 +79,8 @@ def test_every_loaders_model_fine_tunes_evaluates_and_exports_as_it_is(tmp_path,
     assert {"em", "f1"} <= set(metrics)
     tuned = trainer.model(result.state.params)
     checkpoints.save_hf(tuned, tmp_path / "exported")
-    exported = checkpoints.model_params(checkpoints.load_hf(tmp_path / "exported"))
-    for path, value in checkpoints.model_params(tuned).items():
+    exported = checkpoints.flatten(checkpoints.params_of(checkpoints.load_hf(tmp_path / "exported")))
+    for path, value in checkpoints.flatten(checkpoints.params_of(tuned)).items():
         np.testing.assert_array_equal(exported[path], value, err_msg=path)
     # the run directory it leaves is one `t5nb eval` takes
     assert cli.main(["eval", str(result.model_dir), "--task", task, "--max-examples", "4",
@@ -96,9 +96,13 @@ def test_an_evaluation_split_the_task_lacks_is_refused_before_training(tmp_path)
 
 
 def test_parameters_in_another_form_are_refused_with_what_to_pass():
-    flat = checkpoints.model_params(Transformer(get_config("t5.1.1-tiny", vocab_size=64), rngs=nnx.Rngs(0)))
+    config = get_config("t5.1.1-tiny", vocab_size=64)
+    params = checkpoints.params_of(Transformer(config, rngs=nnx.Rngs(0)))
     with pytest.raises(TypeError, match="init must be a model, as pretrained_model, checkpoints.load_hf"):
-        workflow.finetune(PROFILE, tasks.QA, flat, num_steps=1)
+        workflow.finetune(PROFILE, tasks.QA, params, num_steps=1)
+    with pytest.raises(TypeError, match=r"params is a flat dict of paths .*checkpoints.unflatten"):
+        checkpoints.model_from_params(config, checkpoints.flatten(params))
+    checkpoints.model_from_params(config, params)  # the one form
 
 
 def test_pretraining_and_fine_tuning_log_validation_curves():
