@@ -167,6 +167,29 @@ def register_command_line_tasks(args) -> None:
     register_task(name, files, **options)
 
 
+def run_eval_or_infer(args) -> int:
+    """`t5nb eval` (checkpoints scored on a task's split) and `t5nb infer` (a file's inputs answered)."""
+    from t5nb import evaluate
+    from t5nb.tasks import check_vocabulary
+
+    register_command_line_tasks(args)
+    decoding = dict(method="beam", num_decodes=args.beams, alpha=args.alpha) if args.beams > 1 else {}
+    if args.command == "eval":
+        table = evaluate.evaluate_checkpoints(
+            args.model_dir, args.task, steps=args.step, split=args.split, max_examples=args.max_examples,
+            feature_lengths={"inputs": args.inputs_length, "targets": args.targets_length},
+            batch_size=args.batch_size, **decoding)
+        print(table.to_string())
+        return 0
+    check_vocabulary(evaluate.model_config(args.model_dir).vocab_size, args.task)
+    texts = evaluate.read_inputs(args.input)  # a bad model directory, task or input file fails before loading
+    model, step = evaluate.load_model(args.model_dir, args.step)
+    rows = evaluate.infer_file(model, args.task, texts, args.output, input_length=args.inputs_length,
+                               max_decode_length=args.targets_length, batch_size=args.batch_size, **decoding)
+    print(f"{len(rows)} predictions of step {step} written to {args.output}")
+    return 0
+
+
 def run(args) -> int:
     """Run the parsed command; its exit status."""
     if getattr(args, "profile", None):
@@ -177,10 +200,7 @@ def run(args) -> int:
         results = run_course(args.out, args.notebooks, fresh=args.fresh)
         return 0 if all(r["ok"] for r in results.values()) else 1
     if args.command in ("eval", "infer"):
-        from t5nb.evaluate import run_command
-
-        register_command_line_tasks(args)
-        return run_command(args)
+        return run_eval_or_infer(args)
     import t5nb
 
     t5nb.report(t5nb.get_profile())

@@ -25,7 +25,7 @@ from t5nb import _tensorflow  # noqa: F401, I001  (first: TensorFlow for tf.data
 import seqio
 from clu import metric_writers
 
-from t5nb.checkpoints import HF_DIR, hf_weights_file, load_hf, read_hf_config, warn_if_not_finite
+from t5nb.checkpoints import HF_DIR, RunCheckpoints, hf_weights_file, load_hf, read_hf_config, warn_if_not_finite
 from t5nb.config import T5Config
 from t5nb.decode import Predictor
 from t5nb.event_logs import logged_steps
@@ -238,8 +238,6 @@ def run_config(model_dir) -> tuple[T5Config, dict]:
 
 def checkpoint_steps(model_dir) -> list[int]:
     """Steps of the orbax checkpoints of a training run (empty for a Hugging Face directory)."""
-    from t5nb.run_checkpoints import RunCheckpoints
-
     if not (pathlib.Path(model_dir) / "checkpoints").is_dir():
         return []
     return RunCheckpoints(pathlib.Path(model_dir) / "checkpoints").all_steps()
@@ -283,7 +281,6 @@ def load_model(model_dir, step: int | None = None, mesh=None):
     """The model of a training run's checkpoint `step` (default: latest), on `mesh`, or of a
     Hugging Face directory. Returns (model, step); a Hugging Face model is step 0 (or `step`).
     A warning names any parameter that is not finite."""
-    from t5nb.run_checkpoints import RunCheckpoints
     from t5nb.train import TrainConfig, Trainer
 
     model_dir = pathlib.Path(model_dir)
@@ -356,22 +353,3 @@ def infer_file(model, task, inputs, output_path, **predictor_args) -> list[dict]
         pathlib.Path(output_path).parent.mkdir(parents=True, exist_ok=True)
         pathlib.Path(output_path).write_text("".join(json.dumps(row) + "\n" for row in rows))
     return rows
-
-
-def run_command(args) -> int:
-    """`t5nb eval` and `t5nb infer` (see `t5nb.cli`)."""
-    decoding = dict(method="beam", num_decodes=args.beams, alpha=args.alpha) if args.beams > 1 else {}
-    if args.command == "eval":
-        table = evaluate_checkpoints(
-            args.model_dir, args.task, steps=args.step, split=args.split, max_examples=args.max_examples,
-            feature_lengths={"inputs": args.inputs_length, "targets": args.targets_length},
-            batch_size=args.batch_size, **decoding)
-        print(table.to_string())
-        return 0
-    check_vocabulary(model_config(args.model_dir).vocab_size, args.task)
-    texts = read_inputs(args.input)  # a bad model directory, task or input file fails before loading
-    model, step = load_model(args.model_dir, args.step)
-    rows = infer_file(model, args.task, texts, args.output, input_length=args.inputs_length,
-                      max_decode_length=args.targets_length, batch_size=args.batch_size, **decoding)
-    print(f"{len(rows)} predictions of step {step} written to {args.output}")
-    return 0

@@ -21,7 +21,7 @@ from t5nb import mesh as mesh_lib
 from t5nb.config import T5Config
 from t5nb.event_logs import logged_steps
 from t5nb.model import Transformer
-from t5nb.run_checkpoints import RunCheckpoints
+from t5nb.checkpoints import RunCheckpoints
 from t5nb.system import time_matmul
 from t5nb.tasks import check_vocabulary
 

@@ -18,7 +18,7 @@ import t5nb.tasks as tasks
 from t5nb import checkpoints, cli, decode, evaluate, mesh
 from t5nb.config import get_config
 from t5nb.model import Transformer
-from t5nb.run_checkpoints import RunCheckpoints
+from t5nb.checkpoints import RunCheckpoints
 from t5nb.train import TrainConfig, Trainer, train
 
 FACTS_IDS = tasks.get_vocabulary("facts").vocab_size  # 1124

@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 
-from packaging.version import Version
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("sync_notebooks", ROOT / "scripts" / "sync_notebooks.py")

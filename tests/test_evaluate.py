@@ -14,7 +14,7 @@ from clu import metric_writers
 import t5nb.tasks as tasks
 from t5nb import cli, decode, evaluate
 from t5nb.config import get_config
-from t5nb.run_checkpoints import RunCheckpoints
+from t5nb.checkpoints import RunCheckpoints
 from t5nb.train import TrainConfig, Trainer, record_config
 
 DATA_DIR = os.environ.get("T5NB_DATA_DIR")

@@ -2,7 +2,6 @@
 TensorFlow, host memory kept by `t5nb.tune_host()`."""
 import importlib.metadata
 import json
-import os
 import platform
 import subprocess
 import sys

@@ -1,27 +1,17 @@
-"""Checkpoint converters: Hugging Face T5 (config.json + safetensors, Flax msgpack or PyTorch
-weights, local or `hf://<org>/<repo>`) and T5X <-> t5nb.
-
-t5nb's parameters have one form: a nested dict (`params_of(model)`; the train state holds the
-same) whose layer stacks are keyed by index, `{"encoder": {"layers": {0: {"attention": ...}}}}`.
-Loaders return models, or that dict (`read_hf_checkpoint`, `read_t5x_checkpoint`);
-`model_from_params` refuses any other form. Only the converters use T5X's flat names,
-`encoder/layers_0/attention/query/kernel` (`flatten`, `unflatten`); `HF_NAME_TABLE` is the one
-table between those and Hugging Face's names.
-"""
+"""Hugging Face T5 <-> t5nb: config.json and safetensors, Flax msgpack or PyTorch weights (or
+their shards), local or `hf://<org>/<repo>`; `HF_NAME_TABLE` is the one table of names."""
 import json
 import os
 import pickle
 import re
-import warnings
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import safetensors.numpy
-import tensorstore as ts
-from flax import nnx, serialization
+from flax import serialization
 
 from t5nb import remote
+from t5nb.checkpoints.params import (CheckpointError, abstract_params, check_params, flatten, model_from_params,
+                                     params_of, unflatten, warn_if_not_finite)
 from t5nb.config import T5Config
 from t5nb.model import Transformer
 
@@ -60,13 +50,6 @@ HF_DIR = ("a Hugging Face T5 directory holds config.json and model.safetensors, 
 _FLAX_LEAVES = ("kernel", "embedding", "weight")  # transformers' Flax T5: Dense, Embed, T5LayerNorm
 
 
-_STACK = "layers"  # the model's layer stacks; T5X names their layers layers_0, layers_1, ...
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not fit the model: names the key and both shapes."""
-
-
 def hf_name(path: str) -> tuple[str, bool]:
     """t5nb path `encoder/layers_0/attention/query/kernel` -> (HF name, HF stores the transpose)."""
     for pattern, template, transposed in HF_NAME_TABLE:
@@ -78,108 +61,6 @@ def hf_name(path: str) -> tuple[str, bool]:
     raise CheckpointError(f"{path}: no Hugging Face name for this parameter")
 
 
-# -- parameter trees <-> models ----------------------------------------------------------------
-class _ShapeOnlyRngs:
-    """One fixed key for every parameter: enough for shapes, and tracing `nnx.Rngs`' counter
-    inside `nnx.eval_shape` is slow (JAX builds an error message on every update)."""
-
-    def params(self):
-        return jax.random.key(0)
-
-
-def abstract_model(config: T5Config) -> Transformer:
-    """A `config` model whose parameters are `ShapeDtypeStruct`s: nothing is allocated."""
-    return nnx.eval_shape(lambda: Transformer(config, rngs=_ShapeOnlyRngs()))
-
-
-def abstract_params(config: T5Config) -> dict[str, jax.ShapeDtypeStruct]:
-    """Every parameter of a `config` model, `path -> ShapeDtypeStruct`."""
-    return flatten(nnx.to_pure_dict(nnx.state(abstract_model(config), nnx.Param)))
-
-
-def flatten(tree: dict) -> dict[str, np.ndarray]:
-    """Nested parameter dicts -> `{"encoder/layers_0/...": array}`: T5X's names, where layer i of
-    a stack (`layers` keyed by index) is `layers_i`."""
-    flat = {}
-    for key, value in tree.items():
-        if key == _STACK and isinstance(value, dict) and all(isinstance(i, int) for i in value):
-            value = {f"{_STACK}_{i}": layer for i, layer in value.items()}
-            flat.update({f"{name}/{sub}": v for name, layer in value.items() for sub, v in flatten(layer).items()})
-        elif isinstance(value, dict):
-            flat.update({f"{key}/{sub}": v for sub, v in flatten(value).items()})
-        else:
-            flat[str(key)] = value
-    return flat
-
-
-def unflatten(flat: dict) -> dict:
-    """T5X's flat names -> the model's nested parameter dict (`flatten`'s inverse)."""
-    tree = {}
-    for path, value in flat.items():
-        node = tree
-        *parents, leaf = path.split("/")
-        for part in parents:
-            match = re.fullmatch(rf"{_STACK}_(\d+)", part)
-            for key in ((_STACK, int(match[1])) if match else (part,)):
-                node = node.setdefault(key, {})
-        node[leaf] = value
-    return tree
-
-
-def check_params(config: T5Config, flat: dict, source_names: dict[str, str] | None = None) -> None:
-    """Raise one `CheckpointError` naming the first mis-shaped, missing or unexpected key.
-
-    `source_names` maps t5nb paths to the checkpoint's own names, shown beside them.
-    """
-    expected = abstract_params(config)
-    source_names = source_names or {}
-
-    def key(path):
-        return f"{path} ({source_names[path]})" if path in source_names else path
-
-    problems = [f"{key(k)}: model expects shape {tuple(expected[k].shape)}, checkpoint has shape "
-                f"{tuple(np.shape(v))}" for k, v in flat.items()
-                if k in expected and tuple(np.shape(v)) != tuple(expected[k].shape)]
-    problems += [f"{key(k)}: missing from the checkpoint (model expects shape {tuple(v.shape)})"
-                 for k, v in expected.items() if k not in flat]
-    problems += [f"{key(k)}: unexpected in the checkpoint (shape {tuple(np.shape(v))}), not a "
-                 f"parameter of this model" for k, v in flat.items() if k not in expected]
-    if problems:
-        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
-        raise CheckpointError(problems[0] + more)
-
-
-def params_of(model: Transformer) -> dict:
-    """A model's parameters in t5nb's one form: the nested dict (`Trainer` states hold it too)."""
-    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
-
-
-def model_from_params(config: T5Config, params: dict) -> Transformer:
-    """A t5nb `Transformer` of `config` holding `params` (the nested dict), checked first."""
-    if isinstance(params, dict) and any("/" in str(key) for key in params):
-        raise TypeError("params is a flat dict of paths such as 'encoder/layers_0/...'; t5nb takes the nested dict "
-                        "that checkpoints.params_of, read_hf_checkpoint and read_t5x_checkpoint return "
-                        "(checkpoints.unflatten turns T5X's flat names into it)")
-    flat = flatten(params)
-    check_params(config, flat)
-    model = abstract_model(config)
-    state = nnx.state(model, nnx.Param)
-    nnx.replace_by_pure_dict(state, unflatten({key: jnp.asarray(value, jnp.float32) for key, value in flat.items()}))
-    nnx.update(model, state)
-    return model
-
-
-def warn_if_not_finite(model: Transformer, source) -> None:
-    """Warn, naming them, about parameters of `model` (loaded from `source`) holding NaN or infinity."""
-    bad = [path for path, value in flatten(nnx.to_pure_dict(nnx.state(model, nnx.Param))).items()
-           if not bool(jnp.all(jnp.isfinite(value)))]
-    if bad:
-        more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
-        warnings.warn(f"{source}: NaN or infinite values in {len(bad)} parameter(s): {', '.join(bad[:3])}{more}",
-                      RuntimeWarning, stacklevel=3)
-
-
-# -- Hugging Face --------------------------------------------------------------------------------
 def config_from_hf(hf: dict) -> T5Config:
     """t5nb config from a Hugging Face `config.json` dict: T5 1.0 (relu, tied), T5.1.1, FLAN-T5,
     ByT5 and mT5 (`model_type` "mt5") layouts. `dense_act_fn` and `is_gated_act` are ignored, as
@@ -394,70 +275,3 @@ def save_hf(model: Transformer, directory) -> None:
     safetensors.numpy.save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(directory, "config.json"), "w") as f:
         json.dump(config_to_hf(model.config), f, indent=2)
-
-
-# -- T5X ----------------------------------------------------------------------------------------
-def _kvstore(path: str) -> dict:
-    """Tensorstore kvstore spec for a local path or a `gs://bucket/...` path (a trailing / kept)."""
-    match = re.fullmatch(r"gs://([^/]+)/?(.*)", path)
-    if match:
-        return {"driver": "gcs", "bucket": match[1], "path": match[2]}
-    return {"driver": "file", "path": os.path.abspath(path) + ("/" if path.endswith("/") else "")}
-
-
-def _read_file(path: str) -> bytes | None:
-    """A whole file through tensorstore (local or gs://), or None where it does not exist."""
-    directory, name = path.rstrip("/").rsplit("/", 1) if "/" in path.rstrip("/") else (".", path)
-    store = ts.KvStore.open(_kvstore(directory + "/")).result()
-    result = store.read(name).result()
-    return None if result.state == "missing" else bytes(result.value)
-
-
-def _is_tensorstore_spec(value) -> bool:
-    return isinstance(value, dict) and {"driver", "kvstore"} <= set(value)
-
-
-def _read_leaf(value, checkpoint_dir: str) -> np.ndarray:
-    """An inline array, or a tensorstore spec with a path relative to the checkpoint dir."""
-    if not _is_tensorstore_spec(value):
-        return np.asarray(value, np.float32)
-    spec = dict(value)
-    relative = spec.pop("path", None) or spec["kvstore"]["path"]  # T5X's gcs specs keep it on top
-    spec["kvstore"] = _kvstore(f"{checkpoint_dir.rstrip('/')}/{relative}")
-    return np.asarray(ts.open(spec, read=True).result().read().result(), np.float32)
-
-
-def read_t5x_checkpoint(path) -> dict:
-    """The float32 params of a T5X checkpoint's `target` (optimizer state is skipped).
-
-    `path`: a `checkpoint_<step>` directory, its `checkpoint` msgpack file, or a single-file
-    msgpack checkpoint; local or `gs://` (read through tensorstore).
-    """
-    path = os.fspath(path)
-    data = _read_file(f"{path.rstrip('/')}/checkpoint")
-    checkpoint_dir = path if data is not None else os.path.dirname(path) or "."
-    data = data if data is not None else _read_file(path)
-    if data is None:
-        raise CheckpointError(f"{path}: no T5X checkpoint there (neither a file nor a dir with 'checkpoint')")
-    try:
-        contents = serialization.msgpack_restore(data)
-    except ValueError as error:  # msgpack's errors for bytes that are not one msgpack value
-        raise CheckpointError(f"{path}: not a T5X checkpoint, unreadable as msgpack ({error})") from None
-    target = contents.get("optimizer", {}).get("target") if isinstance(contents, dict) else None
-    if target is None:
-        keys = sorted(contents) if isinstance(contents, dict) else type(contents).__name__
-        raise CheckpointError(f"{path}: unknown layout, expected T5X's optimizer/target, found {keys}")
-    leaves = jax.tree.leaves_with_path(target, is_leaf=_is_tensorstore_spec)
-    return unflatten({"/".join(str(k.key) for k in keypath): _read_leaf(leaf, checkpoint_dir)
-                      for keypath, leaf in leaves})
-
-
-def load_t5x(path, config: T5Config) -> Transformer:
-    """A t5nb model of `config` from a T5X checkpoint (T5X checkpoints carry no config); a
-    warning names any parameter that is not finite."""
-    if not isinstance(config, T5Config):
-        raise TypeError(f"config must be a T5Config (e.g. t5nb.config.get_config('t5.1.1-small')), "
-                        f"got {type(config).__name__} {config!r:.60}")
-    model = model_from_params(config, read_t5x_checkpoint(path))
-    warn_if_not_finite(model, path)
-    return model
