@@ -377,6 +377,96 @@ def _check_positive(**values) -> None:
             raise ValueError(f"{name} must be a positive number of steps, got {value!r}")
 
 
+class MetricsLog:
+    """Logging, at log points only: the steps' metric sums wait on the device (no host sync per
+    step), then are fetched at once and averaged, with throughput and MFU, checked to be finite,
+    written to TensorBoard and the history, shown on the progress bar and handed to `on_log`."""
+
+    def __init__(self, trainer: Trainer, writer, bar, on_log, history: list, where):
+        self.trainer, self.writer, self.bar, self.on_log, self.history, self.where = (
+            trainer, writer, bar, on_log, history, where)
+        self.pending, self.tick, self.flops, self.peak = [], time.perf_counter(), None, None
+
+    def add(self, sums: dict, first: bool) -> None:
+        """One step's sums; after the first step (it compiled), the throughput clock restarts."""
+        if first:
+            self.tick = time.perf_counter()
+        self.pending.append(sums)
+
+    def __call__(self, step: int) -> None:
+        sums = jax.device_get(self.pending)
+        elapsed = time.perf_counter() - self.tick
+        total = {k: np.sum([s[k] for s in sums]) for k in ("loss", "z_loss", "correct", "weight", "sequences")}
+        metrics = finalize({**total, **{k: sums[-1][k] for k in ("grad_norm", "learning_rate")}})
+        if not all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")):
+            raise FloatingPointError(f"loss became {metrics['loss']} (grad norm {metrics['grad_norm']}) "
+                                     f"between steps {step - len(sums)} and {step}; stopped, {self.where()}")
+        if self.flops is None:
+            self.flops, self.peak = self.trainer.step_flops(), _peak_flops(self.trainer.mesh)
+        metrics["seqs_per_s"] = float(total["sequences"]) / elapsed
+        metrics["target_tokens_per_s"] = float(total["weight"]) / elapsed
+        if self.flops:
+            metrics["mfu"] = self.flops * len(sums) / elapsed / self.peak
+        metrics["compile_s"] = self.trainer.compile_seconds
+        self.writer.write_scalars(step, metrics)
+        self.history.append({"step": step, **metrics})
+        self.bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}")
+        if self.on_log is not None:
+            self.on_log(step, metrics)
+        self.pending, self.tick = [], time.perf_counter()
+
+
+class Validation:
+    """Validation: teacher forced on `eval_batches()`, and `decoded_eval(model)`'s task metrics
+    as `decoded/<name>`; written to TensorBoard, kept in `records`, handed to `on_log`."""
+
+    def __init__(self, trainer: Trainer, eval_batches, decoded_eval, writer, on_log, records: list):
+        self.trainer, self.eval_batches, self.decoded_eval = trainer, eval_batches, decoded_eval
+        self.writer, self.on_log, self.records = writer, on_log, records
+
+    def __call__(self, step: int, params: dict) -> None:
+        metrics = {} if self.eval_batches is None else teacher_forced(self.trainer, params, self.eval_batches())
+        if self.decoded_eval is not None:
+            decoded = self.decoded_eval(self.trainer.model(params))
+            metrics.update({f"{DECODED}{name}": value for name, value in decoded.items()})
+        self.writer.write_scalars(step, metrics)
+        self.records.append((step, metrics))
+        if self.on_log is not None:
+            self.on_log(step, validation_scalars(metrics))
+
+
+class Saving:
+    """Checkpointing: the state and the data position, only if the state is finite; the last
+    good step is what error messages point to."""
+
+    def __init__(self, checkpoints: RunCheckpoints | None, batches, last_good: int | None):
+        self.checkpoints, self.batches, self.last_good = checkpoints, batches, last_good
+
+    def __call__(self, state: TrainState) -> None:
+        step = int(jax.device_get(state.step))
+        if not all_finite((state.params, state.opt_state)):
+            raise FloatingPointError(f"the parameters or optimizer state at step {step} are not finite; "
+                                     f"not saved, stopped, {self.where()}")
+        self.checkpoints.save(state, self.batches)
+        self.last_good = step
+
+    def where(self) -> str:
+        if self.last_good is None:
+            return "no checkpoint was written"
+        return f"last good checkpoint: step {self.last_good} in {self.checkpoints.directory}"
+
+
+def _replay(model_dir: pathlib.Path, task_name: str, step: int, on_log) -> tuple[list, list]:
+    """A resumed run's curve up to `step`, as logged: (history, validations), each point redrawn
+    through `on_log` in step order as if this run had made it."""
+    history = [{"step": s, **metrics} for s, metrics in logged_steps(model_dir / "train", upto=step)]
+    validations = logged_steps(model_dir / "training_eval" / task_name, upto=step)
+    logged = [(entry["step"], entry) for entry in history] + [(s, validation_scalars(m)) for s, m in validations]
+    for logged_step, metrics in sorted(logged, key=lambda entry: entry[0]) if on_log is not None else ():
+        on_log(logged_step, metrics)
+    return history, validations
+
+
 def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=None, decoded_eval=None,
           eval_every: int = 0, checkpoint_every: int = 0, keep_checkpoints: int = 3, log_every: int = 50, state=None,
           task_name: str = "train_eval", on_log=None, progress: bool = True) -> TrainResult:
@@ -386,13 +476,16 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
     trained for N steps by another K, pass N + K (as T5X's TRAIN_STEPS). `batches` yields numpy
     batches; if it has `state()`/`set_state()` (and `save_pipeline()`/`restore_pipeline()`, as
     `BatchIterator` has) its position is checkpointed and restored, so a resumed run sees exactly
-    the batches an uninterrupted one would. Every `eval_every` steps the run is validated:
-    teacher forced on `eval_batches()` (an iterable of batches), and by `decoded_eval(model)`, task
-    metrics of decoded answers (`evaluate.decoded_sample`), logged as `decoded/<name>` beside the
-    loss in `training_eval/<task_name>`. `on_log(step, metrics)` is called at log points (the live
-    plot), and after each validation with `validation/<name>` metrics. Metrics stay on the device between log points:
-    no host sync per step. Ctrl-C or SIGTERM saves a checkpoint at the end of the current step,
-    then stops; a non-finite state is never saved.
+    the batches an uninterrupted one would.
+
+    The loop runs the step and three periodic actions: `MetricsLog` every `log_every` steps (and
+    before each checkpoint), `Validation` every `eval_every` steps (teacher forced on
+    `eval_batches()`, an iterable of batches, and `decoded_eval(model)`, task metrics of decoded
+    answers such as `evaluate.decoded_sample`'s, logged as `decoded/<name>` beside the loss in
+    `training_eval/<task_name>`), and `Saving` every `checkpoint_every` steps; each also at the
+    last step. `on_log(step, metrics)` gets the logged metrics (the live plot), and each
+    validation's as `validation/<name>`. Ctrl-C or SIGTERM saves a checkpoint at the end of the
+    current step, then stops; a non-finite state is never saved.
     """
     _check_positive(num_steps=num_steps, log_every=log_every)
     for name, value in (("checkpoint_every", checkpoint_every), ("eval_every", eval_every)):
@@ -409,95 +502,41 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
         state = checkpoints.restore_latest(trainer.abstract_state(), batches)
     elif state is None:
         state = trainer.init_state()
-    writer = metric_writers.create_default_writer(str(model_dir / "train"), just_logging=jax.process_index() > 0)
-    eval_writer = metric_writers.create_default_writer(str(model_dir / "training_eval" / task_name),
-                                                       just_logging=jax.process_index() > 0)
     step = int(jax.device_get(state.step))
-    validating = bool(eval_every) and (eval_batches is not None or decoded_eval is not None)
-    history, train_eval, pending = [], [], []
-    if resuming:  # the curve so far, as logged: returned and redrawn as if this run had made it
-        history = [{"step": s, **metrics} for s, metrics in logged_steps(model_dir / "train", upto=step)]
-        train_eval = logged_steps(model_dir / "training_eval" / task_name, upto=step)
-        logged = [(entry["step"], entry) for entry in history] + [(s, validation_scalars(m)) for s, m in train_eval]
-        for logged_step, metrics in sorted(logged, key=lambda entry: entry[0]) if on_log is not None else ():
-            on_log(logged_step, metrics)
-    last_good = step if resuming else None
-    peak = flops = None
-    first_step = True
+    history, validations = _replay(model_dir, task_name, step, on_log) if resuming else ([], [])
+    writer, eval_writer = (metric_writers.create_default_writer(str(model_dir / folder),
+                                                                just_logging=jax.process_index() > 0)
+                           for folder in ("train", f"training_eval/{task_name}"))
     bar = tqdm(total=num_steps, initial=step, desc="train", unit="step", disable=not progress)
-    tick = time.perf_counter()
-
-    def where():
-        if last_good is None:
-            return "no checkpoint was written"
-        return f"last good checkpoint: step {last_good} in {checkpoints.directory}"
-
-    def flush():
-        """Fetch the metrics of the steps since the last flush (one host sync), log them."""
-        nonlocal tick, peak, flops, pending
-        sums = jax.device_get(pending)
-        elapsed = time.perf_counter() - tick
-        total = {k: np.sum([s[k] for s in sums]) for k in ("loss", "z_loss", "correct", "weight", "sequences")}
-        metrics = finalize({**total, **{k: sums[-1][k] for k in ("grad_norm", "learning_rate")}})
-        if not all(math.isfinite(metrics[k]) for k in ("loss", "grad_norm")):
-            raise FloatingPointError(f"loss became {metrics['loss']} (grad norm {metrics['grad_norm']}) "
-                                     f"between steps {step - len(sums)} and {step}; stopped, {where()}")
-        if flops is None:
-            flops, peak = trainer.step_flops(), _peak_flops(trainer.mesh)
-        metrics["seqs_per_s"] = float(total["sequences"]) / elapsed
-        metrics["target_tokens_per_s"] = float(total["weight"]) / elapsed
-        if flops:
-            metrics["mfu"] = flops * len(sums) / elapsed / peak
-        metrics["compile_s"] = trainer.compile_seconds
-        writer.write_scalars(step, metrics)
-        history.append({"step": step, **metrics})
-        bar.set_postfix(loss=f"{metrics['loss']:.3f}", acc=f"{metrics['accuracy']:.3f}")
-        if on_log is not None:
-            on_log(step, metrics)
-        pending, tick = [], time.perf_counter()
-
-    def save():
-        """Checkpoint the state after `step`, if it is finite."""
-        nonlocal last_good
-        if not all_finite((state.params, state.opt_state)):
-            raise FloatingPointError(f"the parameters or optimizer state at step {step} are not finite; "
-                                     f"not saved, stopped, {where()}")
-        checkpoints.save(state, batches)
-        last_good = step
-
+    save = Saving(checkpoints, batches, step if resuming else None)
+    log = MetricsLog(trainer, writer, bar, on_log, history, save.where)
+    validate = (Validation(trainer, eval_batches, decoded_eval, eval_writer, on_log, validations)
+                if eval_every and (eval_batches is not None or decoded_eval is not None) else None)
+    first_step = True
     try:
         with StopRequested() as stop:
             while step < num_steps and stop.signal is None:
-                batch = trainer.shard_batch(next(batches))
-                state, sums = trainer.train_step(state, batch)
-                if first_step:
-                    tick, first_step = time.perf_counter(), False  # it compiled: leave that out of the throughput
+                state, sums = trainer.train_step(state, trainer.shard_batch(next(batches)))
                 step += 1
-                pending.append(sums)
+                log.add(sums, first=first_step)
+                first_step = False
                 bar.update(1)
-                at_checkpoint = checkpoints is not None and (
-                    step % checkpoint_every == 0 or step == num_steps or stop.signal is not None)
-                if step % log_every == 0 or at_checkpoint or step == num_steps:
-                    flush()
-                if validating and (step % eval_every == 0 or step == num_steps):
-                    metrics = {} if eval_batches is None else teacher_forced(trainer, state.params, eval_batches())
-                    if decoded_eval is not None:
-                        decoded = decoded_eval(trainer.model(state.params))
-                        metrics.update({f"{DECODED}{name}": value for name, value in decoded.items()})
-                    eval_writer.write_scalars(step, metrics)
-                    train_eval.append((step, metrics))
-                    if on_log is not None:
-                        on_log(step, validation_scalars(metrics))
-                if at_checkpoint:
-                    save()
+                last = step == num_steps
+                saving = checkpoints is not None and (step % checkpoint_every == 0 or last or stop.signal is not None)
+                if step % log_every == 0 or saving or last:
+                    log(step)
+                if validate is not None and (step % eval_every == 0 or last):
+                    validate(step, state.params)
+                if saving:
+                    save(state)
             if stop.signal is not None:
-                if pending:
-                    flush()
-                stop.raise_stop(step, last_good)
+                if log.pending:
+                    log(step)
+                stop.raise_stop(step, save.last_good)
     finally:  # an error or an interrupt still completes the checkpoint in flight
         bar.close()
         if checkpoints is not None:
             checkpoints.wait()
         writer.flush()
         eval_writer.flush()
-    return TrainResult(state=state, history=history, train_eval=train_eval, model_dir=model_dir)
+    return TrainResult(state=state, history=history, train_eval=validations, model_dir=model_dir)
