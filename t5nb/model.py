@@ -172,37 +172,42 @@ class MlpBlock(nnx.Module):
         return self.wo(h)
 
 
+def pre_norm(config: T5Config, rngs) -> LayerNorm:
+    """The norm in front of each block of a layer (T5 normalises a block's input, not its output)."""
+    return LayerNorm(config.emb_dim, config.dtype, rngs)
+
+
+def residual(x, h, dropout: Dropout, rngs):
+    """x + dropout(h): how each block's output joins the residual stream."""
+    return x + dropout(h, deterministic=rngs is None, rngs=rngs)
+
+
 class EncoderLayer(nnx.Module):
     """Pre-norm self-attention and MLP blocks, each added back as a residual."""
 
     def __init__(self, config: T5Config, rngs):
-        self.pre_attention_layer_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
-        self.attention = MultiHeadAttention(config, rngs)
-        self.pre_mlp_layer_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
-        self.mlp = MlpBlock(config, rngs)
+        self.pre_attention_layer_norm, self.attention = pre_norm(config, rngs), MultiHeadAttention(config, rngs)
+        self.pre_mlp_layer_norm, self.mlp = pre_norm(config, rngs), MlpBlock(config, rngs)
         self.dropout = Dropout(config.dropout_rate)
 
     def __call__(self, x, bias, rngs=None):
         """x [b, l, e], bias [b, h, l, l] -> [b, l, e]."""
-        deterministic = rngs is None
         h = self.pre_attention_layer_norm(x)
-        x = x + self.dropout(self.attention(h, *self.attention.project_kv(h), bias, rngs),
-                             deterministic=deterministic, rngs=rngs)
-        h = self.mlp(self.pre_mlp_layer_norm(x), rngs)
-        return constrain(x + self.dropout(h, deterministic=deterministic, rngs=rngs), ("batch", "length", "embed"))
+        x = residual(x, self.attention(h, *self.attention.project_kv(h), bias, rngs), self.dropout, rngs)
+        x = residual(x, self.mlp(self.pre_mlp_layer_norm(x), rngs), self.dropout, rngs)
+        return constrain(x, ("batch", "length", "embed"))
 
 
 class DecoderLayer(nnx.Module):
     """Pre-norm causal self-attention, attention to the encoder's output, and MLP blocks."""
 
     def __init__(self, config: T5Config, rngs):
-        self.pre_self_attention_layer_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
-        self.self_attention = MultiHeadAttention(config, rngs)
-        self.pre_cross_attention_layer_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
-        self.encoder_decoder_attention = MultiHeadAttention(config, rngs)
-        self.pre_mlp_layer_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
-        self.mlp = MlpBlock(config, rngs)
-        self.dropout = Dropout(config.dropout_rate)
+        c = config
+        self.pre_self_attention_layer_norm, self.self_attention = pre_norm(c, rngs), MultiHeadAttention(c, rngs)
+        self.pre_cross_attention_layer_norm = pre_norm(c, rngs)
+        self.encoder_decoder_attention = MultiHeadAttention(c, rngs)
+        self.pre_mlp_layer_norm, self.mlp = pre_norm(c, rngs), MlpBlock(c, rngs)
+        self.dropout = Dropout(c.dropout_rate)
 
     def __call__(self, y, encoded, self_bias, cross_bias, rngs=None):
         """Teacher forced: y [b, q, e], encoded [b, k, e] -> [b, q, e]."""
@@ -220,16 +225,13 @@ class DecoderLayer(nnx.Module):
 
     def _blocks(self, y, self_kv, self_bias, cross_kv, cross_bias, rngs):
         """`self_kv`/`cross_kv`: (keys, values) [b, h, k, d]; `self_kv` None: projected from y."""
-        deterministic = rngs is None
         h = self.pre_self_attention_layer_norm(y)
         self_kv = self_kv or self.self_attention.project_kv(h)
-        y = y + self.dropout(self.self_attention(h, *self_kv, self_bias, rngs),
-                             deterministic=deterministic, rngs=rngs)
+        y = residual(y, self.self_attention(h, *self_kv, self_bias, rngs), self.dropout, rngs)
         h = self.pre_cross_attention_layer_norm(y)
-        y = y + self.dropout(self.encoder_decoder_attention(h, *cross_kv, cross_bias, rngs),
-                             deterministic=deterministic, rngs=rngs)
-        h = self.mlp(self.pre_mlp_layer_norm(y), rngs)
-        return constrain(y + self.dropout(h, deterministic=deterministic, rngs=rngs), ("batch", "length", "embed"))
+        y = residual(y, self.encoder_decoder_attention(h, *cross_kv, cross_bias, rngs), self.dropout, rngs)
+        y = residual(y, self.mlp(self.pre_mlp_layer_norm(y), rngs), self.dropout, rngs)
+        return constrain(y, ("batch", "length", "embed"))
 
 
 def attention_mask_bias(query_valid, key_valid, query_segments=None, key_segments=None, causal=False):

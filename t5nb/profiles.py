@@ -4,6 +4,8 @@
 """
 import dataclasses
 import os
+import pathlib
+import tomllib
 
 import jax
 import jax.numpy as jnp
@@ -27,89 +29,31 @@ class Profile:
     finetune_steps: int
     finetune_inputs_length: int  # fine-tuning and evaluation (questions are short)
     finetune_targets_length: int
-    eval_examples: int | None  # validation examples decoded per evaluation (None: all)
     eval_every: int  # steps between validation losses while training (pretraining and fine-tuning)
     eval_batches: int  # validation batches per such evaluation
     decoded_sample: int  # validation examples answered at each such evaluation of a fine-tuning run
     matmul_size: int  # side of the square matmul 00_setup times
-    official_checkpoint: str | None = None  # a published T5.1.1 model of this vocabulary (03, 04)
+    eval_examples: int | None  # validation examples decoded per evaluation (None: all)
+    official_checkpoint: str | None  # a published T5.1.1 model of this vocabulary (03, 04), or None
 
 
-PROFILES = {
-    "ci": Profile(
-        name="ci",
-        description="CI: every notebook in about a minute on 2 CPU cores; numbers are not meaningful.",
-        model="t5.1.1-tiny",
-        vocabulary="facts",
-        pretrain_task="facts_pretraining",
-        qa_task="facts_qa",
-        finetune_task="facts_fact_check",
-        batch_size=8,
-        inputs_length=64,
-        targets_length=16,
-        pretrain_steps=20,
-        finetune_steps=20,
-        finetune_inputs_length=32,
-        finetune_targets_length=8,
-        eval_examples=64,
-        eval_every=10,
-        eval_batches=1,
-        decoded_sample=16,
-        matmul_size=256,
-    ),
-    "cpu": Profile(
-        name="cpu",
-        description="The offline course on a CPU: small models on the embedded facts world.",
-        model="t5.1.1-mini",
-        vocabulary="facts",
-        pretrain_task="facts_pretraining",
-        qa_task="facts_qa",
-        finetune_task="facts_fact_check",
-        batch_size=32,
-        inputs_length=128,
-        targets_length=32,
-        pretrain_steps=1000,
-        finetune_steps=400,
-        finetune_inputs_length=32,
-        finetune_targets_length=8,
-        eval_examples=None,
-        eval_every=50,
-        eval_batches=2,
-        decoded_sample=64,
-        matmul_size=1024,
-    ),
-    "accelerator": Profile(
-        name="accelerator",
-        description="A TPU or GPU: real T5.1.1 sizes on real data.",
-        model="t5.1.1-small",
-        vocabulary="t5",
-        pretrain_task="c4_span_corruption",
-        qa_task="closed_book_qa",
-        finetune_task="wmt14_ende",
-        batch_size=64,
-        inputs_length=512,
-        targets_length=114,
-        pretrain_steps=10000,
-        finetune_steps=2000,
-        finetune_inputs_length=128,
-        finetune_targets_length=32,
-        eval_examples=None,
-        eval_every=250,
-        eval_batches=4,
-        decoded_sample=128,
-        matmul_size=8192,
-        official_checkpoint="hf://google/t5-v1_1-small",
-    ),
-}
-# The accelerator course shrunk to run on CPU: the same tasks, sources, loaders and notebook
-# calls, with only the sizes changed. CI runs it on 8 simulated devices with the remote
-# sources swapped for stand-ins (`T5NB_STANDINS`, see t5nb.remote) before Colab ever does.
-PROFILES["rehearsal"] = dataclasses.replace(
-    PROFILES["accelerator"], name="rehearsal",
-    description="The accelerator course at toy sizes (CI's dress rehearsal of the Colab path).",
-    model="t5.1.1-tiny", batch_size=8, inputs_length=64, targets_length=16, pretrain_steps=8,
-    finetune_steps=4, finetune_inputs_length=32, finetune_targets_length=8, eval_examples=8, eval_every=4,
-    eval_batches=1, decoded_sample=8, matmul_size=256)
+def _read_profiles(path: pathlib.Path) -> dict[str, Profile]:
+    """The profiles of `path` (TOML), each checked to name every field of `Profile` but the
+    optional ones (None when left out), a `base` one's changes applied to that profile."""
+    table, profiles = tomllib.loads(path.read_text()), {}
+    optional = {f.name: None for f in dataclasses.fields(Profile) if "None" in str(f.type)}
+    for name, fields in table.items():
+        fields = dict(fields)
+        base = fields.pop("base", None)
+        try:
+            profiles[name] = (dataclasses.replace(profiles[base], name=name, **fields) if base
+                              else Profile(name=name, **{**optional, **fields}))
+        except (TypeError, KeyError) as error:
+            raise ValueError(f"{path}: profile [{name}]: {error}") from None
+    return profiles
+
+
+PROFILES = _read_profiles(pathlib.Path(__file__).with_name("profiles.toml"))
 
 
 def detect_profile_name() -> str:

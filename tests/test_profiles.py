@@ -1,7 +1,11 @@
+import dataclasses
+import pathlib
+
 import pytest
 
 import t5nb
-from t5nb.profiles import PROFILES, detect_profile_name
+from t5nb import profiles
+from t5nb.profiles import PROFILES, _read_profiles, detect_profile_name
 
 
 def test_environment_variable_picks_the_profile(monkeypatch):
@@ -38,3 +42,16 @@ def test_rehearsal_is_the_accelerator_course_with_only_its_sizes_changed():
                        "pretrain_steps", "finetune_steps", "finetune_inputs_length", "finetune_targets_length",
                        "eval_examples", "eval_every", "eval_batches", "decoded_sample", "matmul_size"}
     assert rehearsal.batch_size % 8 == 0  # splits over the 8 simulated devices
+
+
+def test_a_profile_table_with_a_missing_or_unknown_field_names_the_file_and_profile(tmp_path):
+    good = (pathlib.Path(profiles.__file__).with_name("profiles.toml")).read_text()
+    path = tmp_path / "profiles.toml"
+    path.write_text(good + '\n[mine]\nbase = "cpu"\nbatch_sise = 8\n')
+    with pytest.raises(ValueError, match=r"profiles.toml: profile \[mine\]: .*batch_sise"):
+        _read_profiles(path)
+    path.write_text('[bare]\ndescription = "no sizes"\n')
+    with pytest.raises(ValueError, match=r"profile \[bare\]: .*missing .*'model'"):
+        _read_profiles(path)
+    path.write_text(good + '\n[mine]\nbase = "cpu"\nbatch_size = 8\n')
+    assert _read_profiles(path)["mine"] == dataclasses.replace(profiles.PROFILES["cpu"], name="mine", batch_size=8)
