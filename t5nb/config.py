@@ -4,6 +4,12 @@ import numbers
 
 import jax.numpy as jnp
 
+# What each layer keeps for the backward pass (T5X's and MaxText's names): "none" keeps every
+# activation, "minimal" only the outputs of matmuls without batch dimensions (the projections),
+# "full" nothing, recomputing the layer's forward pass. Memory against compute: docs/benchmarks.md.
+REMAT_POLICIES = {"none": None, "minimal": "dots_with_no_batch_dims_saveable", "full": "nothing_saveable"}
+# fields that say how the model runs, not what it is: a run may resume with them changed
+EXECUTION_FIELDS = ("dtype", "scan_layers", "remat_policy")
 # fields that count something: positive whole numbers
 _SIZES = ("vocab_size", "emb_dim", "num_heads", "num_encoder_layers", "num_decoder_layers", "head_dim", "mlp_dim",
           "relative_attention_num_buckets", "relative_attention_max_distance")
@@ -27,6 +33,9 @@ class T5Config:
     float32_attention_logits: bool = True
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
+    # How the model runs, not what it computes (a run may resume with them changed):
+    scan_layers: bool = False  # each layer stack as one lax.scan: compile time that does not grow with depth
+    remat_policy: str = "none"  # activations recomputed in the backward pass: see REMAT_POLICIES
 
     def __post_init__(self):
         for field in _SIZES:
@@ -35,6 +44,9 @@ class T5Config:
                 raise ValueError(f"T5Config.{field} must be a positive whole number, got {value!r}")
         if not 0 <= self.dropout_rate < 1:
             raise ValueError(f"T5Config.dropout_rate must be in [0, 1), got {self.dropout_rate!r}")
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(f"T5Config.remat_policy must be one of {', '.join(REMAT_POLICIES)}, "
+                             f"got {self.remat_policy!r}")
 
     @classmethod
     def check_fields(cls, names) -> None:

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from t5nb import speedups
-from t5nb.config import T5Config
+from t5nb.config import REMAT_POLICIES, T5Config
 from t5nb.mesh import constrain
 
 # A bias or logit that takes a position out of a softmax (T5X's attention mask bias): exp of it
@@ -256,6 +256,37 @@ def _embed(embedder: Embed, tokens, dropout: Dropout, rngs):
     return constrain(x, ("batch", "length", "embed"))
 
 
+def run_stack(layers, x, config: T5Config, rngs, call):
+    """x through each layer of a stack in turn, `call(layer, x, rngs) -> x`: unrolled, or as one
+    `lax.scan` over the layers' stacked parameters (`config.scan_layers`), each layer's
+    activations kept or recomputed for the backward pass by `config.remat_policy`. Each layer's
+    dropout draws from its own key, split from one, so every way gives the same numbers."""
+    keys = None if rngs is None else jax.random.split(rngs.dropout(), len(layers))
+    if not config.scan_layers and config.remat_policy == "none":
+        for i, layer in enumerate(layers):
+            x = call(layer, x, None if keys is None else nnx.Rngs(dropout=keys[i]))
+        return x
+    graphdef = nnx.split(layers[0])[0]
+
+    def apply(state, x, key):
+        return call(nnx.merge(graphdef, state), x, None if key is None else nnx.Rngs(dropout=key))
+
+    if config.remat_policy != "none":
+        apply = jax.checkpoint(apply, policy=getattr(jax.checkpoint_policies, REMAT_POLICIES[config.remat_policy]))
+    states = [nnx.state(layer) for layer in layers]
+    if not config.scan_layers:
+        for i, state in enumerate(states):
+            x = apply(state, x, None if keys is None else keys[i])
+        return x
+    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)  # [layers, ...] per parameter
+
+    def body(x, layer_input):  # layer_input: (the layer's parameters, its dropout key or None)
+        state, key = layer_input
+        return apply(state, x, key), None
+
+    return jax.lax.scan(body, x, (stacked, keys))[0]
+
+
 class Encoder(nnx.Module):
     """Token ids -> encoded [b, l, e]: embedding, a stack of layers sharing one relative
     position bias, final norm. `embedder` is the token embedding shared with the decoder."""
@@ -265,6 +296,7 @@ class Encoder(nnx.Module):
         self.layers = nnx.data([EncoderLayer(config, rngs) for _ in range(config.num_encoder_layers)])
         self.encoder_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
         self.dropout = Dropout(config.dropout_rate)
+        self.config = config
 
     def __call__(self, embedder: Embed, encoder_input_tokens, encoder_segment_ids=None, rngs=None):
         """[b, l] token ids (0 = padding) -> [b, l, e]."""
@@ -273,8 +305,7 @@ class Encoder(nnx.Module):
         bias = (attention_mask_bias(valid, valid, encoder_segment_ids, encoder_segment_ids)
                 + self.relpos_bias(jnp.arange(length), jnp.arange(length)))
         x = _embed(embedder, encoder_input_tokens, self.dropout, rngs)
-        for layer in self.layers:
-            x = layer(x, bias, rngs)
+        x = run_stack(self.layers, x, self.config, rngs, lambda layer, x, rngs: layer(x, bias, rngs))
         return self.dropout(self.encoder_norm(x), deterministic=rngs is None, rngs=rngs)
 
 
@@ -302,8 +333,8 @@ class Decoder(nnx.Module):
                      + self.relpos_bias(jnp.arange(length), jnp.arange(length)))
         cross_bias = attention_mask_bias(target_valid, encoder_valid, decoder_segment_ids, encoder_segment_ids)
         y = _embed(embedder, decoder_input_tokens, self.dropout, rngs)
-        for layer in self.layers:
-            y = layer(y, encoded, self_bias, cross_bias, rngs)
+        y = run_stack(self.layers, y, self.config, rngs,
+                      lambda layer, y, rngs: layer(y, encoded, self_bias, cross_bias, rngs))
         return self.logits(embedder, y, rngs)
 
     def logits(self, embedder: Embed, y, rngs=None):

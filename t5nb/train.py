@@ -18,7 +18,7 @@ from flax import nnx, struct
 from tqdm.auto import tqdm
 
 from t5nb import mesh as mesh_lib
-from t5nb.config import T5Config
+from t5nb.config import EXECUTION_FIELDS, T5Config
 from t5nb.event_logs import logged_steps
 from t5nb.model import Transformer
 from t5nb.checkpoints import RunCheckpoints
@@ -305,7 +305,8 @@ class TrainResult:
 def record_config(model_dir: pathlib.Path, trainer: Trainer, resuming: bool) -> None:
     """Write the run's `config.json` when it starts; on resume, compare it with the requested one:
     another model or optimizer (the checkpoints' shapes) is refused, naming the fields; other
-    training settings may change, as in T5X, with a warning. The record is never replaced."""
+    training settings, and how the model runs (`config.EXECUTION_FIELDS`: dtype, scanned layers,
+    rematerialisation), may change, as in T5X, with a warning. The record is never replaced."""
     requested = json.loads(json.dumps(
         {"model": trainer.model_config.to_json(), "train": dataclasses.asdict(trainer.train_config)}))
     path = model_dir / "config.json"
@@ -318,8 +319,10 @@ def record_config(model_dir: pathlib.Path, trainer: Trainer, resuming: bool) -> 
         old, new = saved.get(part, {}), requested[part]
         return {k: (old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)}
 
-    train_changes = changes("train")
-    if refused := {**changes("model"), **{k: v for k, v in train_changes.items() if k == "optimizer"}}:
+    model_changes, train_changes = changes("model"), changes("train")
+    train_changes.update({k: v for k, v in model_changes.items() if k in EXECUTION_FIELDS})
+    model_changes = {k: v for k, v in model_changes.items() if k not in EXECUTION_FIELDS}
+    if refused := {**model_changes, **{k: v for k, v in train_changes.items() if k == "optimizer"}}:
         raise ValueError(f"{model_dir} holds checkpoints of another model or optimizer; refusing to resume it with "
                          + ", ".join(f"{k}={new!r} (saved: {old!r})" for k, (old, new) in refused.items())
                          + ". Use a new model_dir, or the saved configuration (t5nb.evaluate.run_config).")

@@ -1,7 +1,9 @@
 """Model behaviour: cached decoding equals the full decoder; preset sizes. (Parity with
 transformers, padded batches included, is in test_checkpoints.py.)"""
+import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from t5nb.checkpoints import abstract_params, flatten, model_from_params, params_of, unflatten
@@ -99,3 +101,31 @@ def test_dropout_drops_the_rate_independently_and_keeps_the_expectation():
     rngs = nnx.Rngs(dropout=0)
     assert not np.array_equal(dropout(x, deterministic=False, rngs=rngs), dropout(x, deterministic=False, rngs=rngs))
     assert dropout(x, deterministic=True) is x and Dropout(0.0)(x, deterministic=False, rngs=rngs) is x
+
+
+@pytest.mark.parametrize("scan_layers, remat_policy", [(False, "minimal"), (False, "full"), (True, "none"),
+                                                       (True, "minimal"), (True, "full")])
+def test_scanned_and_rematerialised_stacks_compute_what_the_unrolled_one_does(scan_layers, remat_policy):
+    """The same parameters (one layout), the same dropout draws: the same loss, logits and gradients."""
+    rng = np.random.default_rng(0)
+    inputs, targets = tokens(rng, [9, 4], 9), tokens(rng, [7, 4], 7)
+    unrolled = random_model("t5.1.1-tiny")
+    config = unrolled.config.replace(dropout_rate=0.1)
+    models = [model_from_params(c, params_of(unrolled))
+              for c in (config, config.replace(scan_layers=scan_layers, remat_policy=remat_policy))]
+    assert params_of(models[0]).keys() == params_of(models[1]).keys()
+
+    def loss(model):  # with dropout, seeded alike
+        logits = model(inputs, shift_right(targets), targets, rngs=nnx.Rngs(dropout=3))
+        return -jnp.sum(jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0] * (targets > 0))
+
+    (loss_a, grads_a), (loss_b, grads_b) = (nnx.jit(nnx.value_and_grad(loss))(model) for model in models)
+    np.testing.assert_allclose(loss_b, loss_a, rtol=1e-6)
+    np.testing.assert_allclose(forward(models[1], inputs, targets), forward(models[0], inputs, targets), atol=1e-5)
+    for (path, a), b in zip(flatten(params_of(grads_a)).items(), flatten(params_of(grads_b)).values()):
+        np.testing.assert_allclose(b, a, atol=2e-5, err_msg=path)
+
+
+def test_an_unknown_remat_policy_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match=r"remat_policy must be one of none, minimal, full, got 'some'"):
+        get_config("t5.1.1-tiny", remat_policy="some")

@@ -200,6 +200,20 @@ def test_resuming_with_another_model_is_refused_and_config_json_is_kept(tmp_path
     assert (tmp_path / "config.json").read_text() == saved
 
 
+def test_a_run_resumes_with_scanned_rematerialised_layers_after_a_warning(tmp_path):
+    config = get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0)
+    straight = train(Trainer(config, TrainConfig(learning_rate=1e-2)), Batches(copy_batch()), 4, tmp_path / "straight",
+                     checkpoint_every=2, progress=False)
+    train(Trainer(config, TrainConfig(learning_rate=1e-2)), Batches(copy_batch()), 2, tmp_path / "resumed",
+          checkpoint_every=2, progress=False)
+    scanned = config.replace(scan_layers=True, remat_policy="full")  # the same parameters, run otherwise
+    with pytest.warns(UserWarning, match=r"remat_policy='full' \(was 'none'\), scan_layers=True \(was False\)"):
+        resumed = train(Trainer(scanned, TrainConfig(learning_rate=1e-2)), Batches(copy_batch()), 4,
+                        tmp_path / "resumed", checkpoint_every=2, progress=False)
+    for a, b in zip(jax.tree.leaves(resumed.state.params), jax.tree.leaves(straight.state.params)):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
 def test_batch_not_divisible_by_data_parallel_degree_is_clear():
     trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64), TrainConfig(grad_accum_steps=3))
     with pytest.raises(ValueError, match=r"global batch 8 .* not divisible .* grad_accum_steps 3"):
