@@ -260,7 +260,10 @@ def run_stack(layers, x, config: T5Config, rngs, call):
     """x through each layer of a stack in turn, `call(layer, x, rngs) -> x`: unrolled, or as one
     `lax.scan` over the layers' stacked parameters (`config.scan_layers`), each layer's
     activations kept or recomputed for the backward pass by `config.remat_policy`. Each layer's
-    dropout draws from its own key, split from one, so every way gives the same numbers."""
+    dropout draws from its own key, split from one, so every way gives the same numbers.
+
+    The layers keep their own parameters (the layout every checkpoint has); a scan stacks them at
+    each call, which costs a copy of the stack's weights and of their gradients."""
     keys = None if rngs is None else jax.random.split(rngs.dropout(), len(layers))
     if not config.scan_layers and config.remat_policy == "none":
         for i, layer in enumerate(layers):

@@ -229,15 +229,20 @@ class Trainer:
                 "learning_rate": learning_rate_schedule(cfg)(state.step)}
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), sums
 
+    def compile_train_step(self, state: TrainState, batch: dict):
+        """The train step compiled for `state` and `batch`: arrays, or `ShapeDtypeStruct`s with
+        shardings (`abstract_state()`), which compile it without allocating anything."""
+        state_shardings = jax.tree.map(lambda x: x.sharding, state)
+        jitted = jax.jit(self._train_step_fn, in_shardings=(state_shardings, self.batch_sharding),
+                         out_shardings=(state_shardings, None), donate_argnums=0)
+        with mesh_lib.activation_sharding(self.mesh, self.rules):
+            return jitted.lower(state, batch).compile()
+
     def train_step(self, state: TrainState, batch: dict):
         """One optimizer step on a sharded batch; returns the new state and metric sums."""
         if self._train_step is None:
-            state_shardings = jax.tree.map(lambda x: x.sharding, state)
-            jitted = jax.jit(self._train_step_fn, in_shardings=(state_shardings, self.batch_sharding),
-                             out_shardings=(state_shardings, None), donate_argnums=0)
             start = time.perf_counter()
-            with mesh_lib.activation_sharding(self.mesh, self.rules):
-                self._train_step = jitted.lower(state, batch).compile()
+            self._train_step = self.compile_train_step(state, batch)
             self.compile_seconds = time.perf_counter() - start
         return self._train_step(state, batch)
 

@@ -1,0 +1,113 @@
+"""Memory that scales: peak RSS of a T5.1.1-small train step under each rematerialisation policy
+beside Hugging Face PyTorch's on the same batch, and the compile time of a deep model's train
+step with its layers scanned or unrolled.
+
+    .venv/bin/python bench/memory.py            # both tables; about 10 minutes on 2 CPU cores
+    .venv/bin/python bench/memory.py --skip-compile
+
+Each measurement runs in a fresh process (`--child`), so one's freed memory (which
+`t5nb.tune_host()` keeps in the process) never counts toward another's peak. Writes
+`bench/results/memory-<time>.json` and prints the tables.
+"""
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+PRESET, BATCH, INPUTS, TARGETS = "t5.1.1-small", 8, 512, 114  # bench/run.py's small shape
+POLICIES = ("none", "minimal", "full")
+RUNS = ("hf", *POLICIES, *(f"scan-{policy}" for policy in POLICIES))  # a train step each
+
+
+def child(kind: str, repeats: int) -> dict:
+    """One measurement in this process: `hf`, a remat policy (`scan-<policy>`: with scanned
+    layers), or `compile:<preset>:<scan|unrolled>`."""
+    import t5nb
+
+    t5nb.tune_host()
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+    import run as bench  # bench/run.py: the same batch, steps and peak sampler
+
+    from t5nb import checkpoints
+    from t5nb.config import get_config
+    from t5nb.train import Trainer, TrainConfig
+
+    if kind.startswith("compile:"):
+        _, preset, scan = kind.split(":")
+        config = get_config(preset, dropout_rate=0.0, scan_layers=scan == "scan")
+        trainer = Trainer(config, TrainConfig(learning_rate=bench.LEARNING_RATE))
+        batch = bench.make_batch(config, 1, 64, 16)
+        start = time.perf_counter()
+        compiled = trainer.compile_train_step(trainer.abstract_state(), trainer.shard_batch(batch))
+        seconds = time.perf_counter() - start
+        stats = compiled.memory_analysis()
+        return {"compile_s": seconds, "temp_mb": stats.temp_size_in_bytes / 2**20}
+    config = get_config(PRESET, dropout_rate=0.1, scan_layers=kind.startswith("scan-"),
+                        remat_policy="none" if kind == "hf" else kind.removeprefix("scan-"))
+    batch = bench.make_batch(config, BATCH, INPUTS, TARGETS)
+    trainer = Trainer(config, TrainConfig(learning_rate=bench.LEARNING_RATE, optimizer="adafactor"))
+    params = trainer.init_params()
+    if kind == "hf":
+        with tempfile.TemporaryDirectory() as hf_dir:
+            checkpoints.save_hf(trainer.model(params), hf_dir)
+            del params, trainer
+            return bench.bench_hf(hf_dir, batch, "float32", 1, repeats)
+    result = bench.bench_t5nb(trainer, params, batch, 1, repeats)
+    memory = trainer.compile_train_step(trainer.abstract_state(), trainer.shard_batch(batch)).memory_analysis()
+    return {**result, "xla_temp_mb": memory.temp_size_in_bytes / 2**20}  # the step's own buffers, as XLA plans them
+
+
+def measure(kind: str, repeats: int) -> dict:
+    result = subprocess.run([sys.executable, __file__, "--child", kind, "--repeats", str(repeats)],
+                            capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"{kind}: {result.stderr[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=3, help="timed train steps per measurement")
+    parser.add_argument("--compile-preset", default="t5.1.1-xl", help="the deep model whose compile time is measured")
+    parser.add_argument("--skip-compile", action="store_true")
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(args.child, args.repeats), default=float))
+        return
+    report = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "cpu_count": os.cpu_count(),
+              "machine": platform.processor() or platform.machine(), "load_average_start": os.getloadavg(),
+              "shape": f"{PRESET} b{BATCH} {INPUTS}/{TARGETS} float32, dropout 0.1", "remat": {}, "compile": {}}
+    for kind in RUNS:
+        print(f"train step: {kind}", flush=True)
+        report["remat"][kind] = measure(kind, args.repeats)
+    for scan in () if args.skip_compile else ("unrolled", "scan"):
+        print(f"compile: {args.compile_preset} {scan}", flush=True)
+        report["compile"][scan] = measure(f"compile:{args.compile_preset}:{scan}", args.repeats)
+    report["load_average_end"] = os.getloadavg()
+    hf, none = report["remat"]["hf"], report["remat"]["none"]
+    print(f"\n{report['shape']}, each in a fresh process; load average {report['load_average_start']}")
+    print(f"{'run':13s} {'peak RSS MB':>12s} {'vs HF':>7s} {'step s':>8s} {'vs no remat':>12s} {'XLA temp MB':>12s}")
+    for kind, run in report["remat"].items():
+        slowdown, temp = ("", "") if kind == "hf" else (f"{run['step_s'] / none['step_s']:.2f}x", f"{run['xla_temp_mb']:.0f}")
+        print(f"{kind:13s} {run['peak_rss_mb']:12.0f} {run['peak_rss_mb'] / hf['peak_rss_mb']:6.2f}x "
+              f"{run['step_s']:8.2f} {slowdown:>12s} {temp:>12s}")
+    if report["compile"]:
+        print(f"\n{args.compile_preset} train step (batch 1, 64/16), compile seconds:")
+        for scan, run in report["compile"].items():
+            print(f"  {scan:9s} {run['compile_s']:7.1f} s, temp buffers {run['temp_mb']:.0f} MB")
+    RESULTS.mkdir(exist_ok=True)
+    path = RESULTS / f"memory-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(report, indent=2, default=float) + "\n")
+    print(f"\nwritten: {path}")
+
+
+if __name__ == "__main__":
+    main()
