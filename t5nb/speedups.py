@@ -1,6 +1,6 @@
 """Two CPU speed-ups under the T5 layers of `t5nb.model`, each kept for its measured gain on a
 T5.1.1-small train step (XLA:CPU, 2 cores; `make bench`). Both compute what the plain JAX
-expression computes; only the program XLA gets differs. On TPU and GPU they cost nothing.
+expression computes, with the same FLOPs; only the program XLA gets differs.
 """
 import math
 

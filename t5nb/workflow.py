@@ -19,6 +19,7 @@ from t5nb.model import Transformer
 from t5nb.paths import REPO_ROOT
 from t5nb.train import Trainer, TrainConfig, TrainResult, teacher_forced, train
 
+
 def runs_dir() -> pathlib.Path:
     """Where runs go: `$T5NB_RUNS_DIR`, else `runs/` beside the notebooks (`/content/runs` on Colab)."""
     default = "/content/runs" if in_colab() else REPO_ROOT / "runs"

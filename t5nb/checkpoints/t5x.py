@@ -12,6 +12,7 @@ from t5nb.checkpoints.params import CheckpointError, model_from_params, unflatte
 from t5nb.config import T5Config
 from t5nb.model import Transformer
 
+
 def _kvstore(path: str) -> dict:
     """Tensorstore kvstore spec for a local path or a `gs://bucket/...` path (a trailing / kept)."""
     match = re.fullmatch(r"gs://([^/]+)/?(.*)", path)
