@@ -81,8 +81,13 @@ def compile_target() -> jax.sharding.Mesh:
 def compiled_cost(jitted, *args) -> dict:
     """FLOPs, bytes accessed, memory (arguments + outputs - donated + temporaries) and compile
     seconds of `jitted` compiled for `args`."""
+    return cost_of(lambda: jitted.lower(*args).compile())
+
+
+def cost_of(compile) -> dict:
+    """`compiled_cost` of the program `compile()` returns, its compile time included."""
     start = time.perf_counter()
-    compiled = jitted.lower(*args).compile()
+    compiled = compile()
     seconds = time.perf_counter() - start
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost
@@ -104,13 +109,8 @@ def abstract_batch(trainer: Trainer, batch_size: int, lengths: dict, packed: boo
 
 
 def train_step(trainer: Trainer, batch: dict) -> dict:
-    """`trainer`'s train step, jitted as `Trainer.train_step` jits it."""
-    state = trainer.abstract_state()
-    shardings = jax.tree.map(lambda x: x.sharding, state)
-    step = jax.jit(trainer._train_step_fn, in_shardings=(shardings, trainer.batch_sharding),
-                   out_shardings=(shardings, None), donate_argnums=0)
-    with mesh_lib.activation_sharding(trainer.mesh, trainer.rules):
-        return compiled_cost(step, state, batch)
+    """`trainer`'s own train step (`Trainer.compile_train_step`), for its abstract state."""
+    return cost_of(lambda: trainer.compile_train_step(trainer.abstract_state(), batch))
 
 
 def eval_step(trainer: Trainer, batch: dict) -> dict:

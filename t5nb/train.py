@@ -393,11 +393,11 @@ class MetricsLog:
     def __init__(self, trainer: Trainer, writer, bar, on_log, history: list, where):
         self.trainer, self.writer, self.bar, self.on_log, self.history, self.where = (
             trainer, writer, bar, on_log, history, where)
-        self.pending, self.tick, self.flops, self.peak = [], time.perf_counter(), None, None
+        self.pending, self.tick, self.flops, self.peak = [], None, None, None
 
-    def add(self, sums: dict, first: bool) -> None:
-        """One step's sums; after the first step (it compiled), the throughput clock restarts."""
-        if first:
+    def add(self, sums: dict) -> None:
+        """One step's sums. The throughput clock starts after the first step (which compiled)."""
+        if self.tick is None:
             self.tick = time.perf_counter()
         self.pending.append(sums)
 
@@ -450,8 +450,8 @@ class Saving:
     def __init__(self, checkpoints: RunCheckpoints | None, batches, last_good: int | None):
         self.checkpoints, self.batches, self.last_good = checkpoints, batches, last_good
 
-    def __call__(self, state: TrainState) -> None:
-        step = int(jax.device_get(state.step))
+    def __call__(self, step: int, state: TrainState) -> None:
+        """Checkpoint `state`, the state after `step` (the loop's count: no device sync for it)."""
         if not all_finite((state.params, state.opt_state)):
             raise FloatingPointError(f"the parameters or optimizer state at step {step} are not finite; "
                                      f"not saved, stopped, {self.where()}")
@@ -520,14 +520,12 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
     log = MetricsLog(trainer, writer, bar, on_log, history, save.where)
     validate = (Validation(trainer, eval_batches, decoded_eval, eval_writer, on_log, validations)
                 if eval_every and (eval_batches is not None or decoded_eval is not None) else None)
-    first_step = True
     try:
         with StopRequested() as stop:
             while step < num_steps and stop.signal is None:
                 state, sums = trainer.train_step(state, trainer.shard_batch(next(batches)))
                 step += 1
-                log.add(sums, first=first_step)
-                first_step = False
+                log.add(sums)
                 bar.update(1)
                 last = step == num_steps
                 saving = checkpoints is not None and (step % checkpoint_every == 0 or last or stop.signal is not None)
@@ -536,7 +534,7 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
                 if validate is not None and (step % eval_every == 0 or last):
                     validate(step, state.params)
                 if saving:
-                    save(state)
+                    save(step, state)
             if stop.signal is not None:
                 if log.pending:
                     log(step)
