@@ -1,5 +1,6 @@
 """The `t5nb` command: the same code the notebooks call, from a shell.
 
+`train` runs a recipe file (`t5nb.recipe`), on one host or, started on each, on several.
 `eval` and `infer` run built-in tasks, tasks a module of yours registers (`--task-module`) or
 a task from a data file described in flags (`--task-file`, `--task-fields`, ...).
 
@@ -98,6 +99,26 @@ def build_parser() -> argparse.ArgumentParser:
     course.add_argument("--fresh", action="store_true", help="delete the profile's earlier runs in --out first")
     course.add_argument("notebooks", nargs="*", help="only these notebooks (e.g. 00_setup)")
     commands.add_parser("info", parents=[debug], help="print versions, devices and the profile")
+    training = commands.add_parser(
+        "train", parents=[debug], help="train as a recipe file says (TOML, see t5nb.recipe and recipes/), resuming "
+        "its run directory; the resolved recipe is printed and written there as recipe.toml")
+    training.add_argument("recipe", help="a recipe file, e.g. recipes/course/pretraining.toml or a run's recipe.toml")
+    training.add_argument("--set", action="append", default=[], dest="overrides", metavar="SECTION.KEY=VALUE",
+                          help="change one key, e.g. --set run.steps=2000 --set model.remat_policy=full "
+                               "(a TOML value; a bare word is a string, none unsets); repeatable")
+    training.add_argument("--dry-run", action="store_true", help="print the resolved recipe, train nothing")
+    training.add_argument("--task-module", action="append", metavar="MODULE",
+                          help="import MODULE first, which registers the recipe's task: a .py file or a dotted "
+                               "module name; repeatable")
+    hosts = training.add_argument_group(
+        "several hosts", "run the same command on every host (jax.distributed): each process trains on its rows of "
+        "every global batch, process 0 writes the logs and the recipe, all write the checkpoints together")
+    hosts.add_argument("--distributed", action="store_true",
+                       help="join a multi-host job that JAX detects (TPU pod slices, SLURM, Open MPI, Kubernetes)")
+    hosts.add_argument("--coordinator", metavar="HOST:PORT", help="process 0's address, elsewhere; with "
+                       "--num-processes and --process-id")
+    hosts.add_argument("--num-processes", type=POSITIVE, metavar="N")
+    hosts.add_argument("--process-id", type=STEP, metavar="I", help="this process's index, 0 to N-1")
     evaluation = commands.add_parser("eval", parents=[debug], help="decode and score tasks at a run's checkpoints "
                                      "(or a Hugging Face directory), without training; print the results table")
     evaluation.add_argument("--task", action="append", required=True, help="task name (repeat for several)")
@@ -190,6 +211,42 @@ def run_eval_or_infer(args) -> int:
     return 0
 
 
+def start_distributed(args) -> None:
+    """Join the multi-host job the arguments describe (before JAX starts), or none."""
+    given = [args.coordinator, args.num_processes, args.process_id]
+    if not args.distributed and all(value is None for value in given):
+        return
+    if any(value is None for value in given) and not all(value is None for value in given):
+        raise ValueError("--coordinator, --num-processes and --process-id go together")
+    if args.process_id is not None and args.process_id >= args.num_processes:
+        raise ValueError(f"--process-id {args.process_id}: must be below --num-processes {args.num_processes}")
+    import jax
+
+    jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+
+
+def run_train(args) -> int:
+    """`t5nb train`: the recipe file with its --set changes, resolved, printed, then run."""
+    start_distributed(args)
+    import jax
+
+    from t5nb.recipe import load_recipe, run_recipe
+
+    for module in args.task_module or ():
+        import_task_module(module)
+    recipe = load_recipe(args.recipe).with_overrides(args.overrides).resolved()
+    if jax.process_index() == 0:
+        print(recipe.to_toml(), flush=True)
+    if args.dry_run:
+        return 0
+    _, result = run_recipe(recipe)
+    last = result.history[-1] if result.history else {}
+    if jax.process_index() == 0:
+        print(f"{result.model_dir}: step {recipe.run.steps}" +
+              (f", loss {last['loss']:.4f}, accuracy {last['accuracy']:.4f}" if last else ""))
+    return 0
+
+
 def run(args) -> int:
     """Run the parsed command; its exit status."""
     if getattr(args, "profile", None):
@@ -201,6 +258,8 @@ def run(args) -> int:
         return 0 if all(r["ok"] for r in results.values()) else 1
     if args.command in ("eval", "infer"):
         return run_eval_or_infer(args)
+    if args.command == "train":
+        return run_train(args)
     import t5nb
 
     t5nb.report(t5nb.get_profile())

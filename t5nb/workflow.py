@@ -1,23 +1,24 @@
 """The course's workflow in a few calls: pretrain, fine-tune, reuse an earlier notebook's run.
 
-Every notebook runs alone: `pretrained_params` restores the pretraining run that
-`02_pretraining` leaves under `runs/`, or runs that pretraining first if it is absent.
+Each run is a recipe (`t5nb.recipe`) made from the profile, run by the function `t5nb train`
+runs, which writes it into the run directory: `t5nb train runs/<profile>/<run>/recipe.toml`
+repeats the run outside the notebook. Every notebook runs alone: `pretrained_checkpoint`
+returns the pretraining run that `02_pretraining` leaves under `runs/`, running it first if
+it is absent.
 """
 import json
 import os
 import pathlib
-import warnings
 
 import jax
 
 from t5nb import evaluate, tasks
-from t5nb.checkpoints import params_of
 from t5nb.config import T5Config, get_config
-from t5nb.profiles import Profile, compute_dtype
-from t5nb.system import in_colab
-from t5nb.model import Transformer
 from t5nb.paths import REPO_ROOT
-from t5nb.train import Trainer, TrainConfig, TrainResult, teacher_forced, train
+from t5nb.profiles import Profile, compute_dtype
+from t5nb.recipe import Data, Recipe, Run, default_vocab_size, is_t5x_checkpoint, make_trainer, run_recipe
+from t5nb.system import in_colab
+from t5nb.train import Trainer, TrainConfig, TrainResult, teacher_forced
 
 
 def runs_dir() -> pathlib.Path:
@@ -41,13 +42,8 @@ def record_headline(**numbers) -> None:
 
 def model_config(profile: Profile, task=None, **changes) -> T5Config:
     """The profile's preset sized for the vocabulary of `task` (default: the profile's
-    vocabulary), computing in this chip's `compute_dtype`, with any field changes."""
-    vocabulary = tasks.get_vocabulary(profile.vocabulary)
-    vocab_size = 32128 if profile.vocabulary == "t5" else vocabulary.vocab_size  # T5 pads 32100 to 32128
-    if task is not None:
-        task_vocabulary = tasks.get_task(task).output_features["targets"].vocabulary
-        if task_vocabulary != vocabulary:
-            vocab_size = task_vocabulary.vocab_size
+    pretraining task), computing in this chip's `compute_dtype`, with any field changes."""
+    vocab_size = default_vocab_size(task if task is not None else profile.pretrain_task)
     return get_config(profile.model, vocab_size=vocab_size, **{"dtype": compute_dtype(), **changes})
 
 
@@ -75,86 +71,79 @@ def pretraining_batches(profile: Profile) -> tasks.BatchIterator:
     return tasks.BatchIterator(profile.pretrain_task, feature_lengths(profile), profile.batch_size)
 
 
-def pretraining_trainer(profile: Profile, mesh=None) -> Trainer:
-    """T5.1.1 pretraining: no dropout, Adafactor with T5X's rsqrt decay (1e-2 for 10k steps)."""
-    return Trainer(model_config(profile, dropout_rate=0.0), TrainConfig(warmup_steps=10_000), mesh)
+def pretraining_recipe(profile: Profile, num_steps: int | None = None) -> Recipe:
+    """T5.1.1 span-corruption pretraining (the profile's task, model, batch and lengths): no
+    dropout, Adafactor with T5X's rsqrt decay (1e-2 for 10k steps), four checkpoints, into
+    `pretraining_dir`."""
+    steps = num_steps or profile.pretrain_steps
+    return Recipe(model={"preset": profile.model, "dropout_rate": 0.0},
+                  data=Data(profile.pretrain_task, profile.inputs_length, profile.targets_length, profile.batch_size),
+                  optimizer=TrainConfig(warmup_steps=10_000),
+                  run=Run(str(pretraining_dir(profile)), steps, checkpoint_every=max(1, profile.pretrain_steps // 4),
+                          log_every=25, eval_every=profile.eval_every, eval_batches=profile.eval_batches),
+                  source=f"workflow.pretraining_recipe({profile.name!r})")
 
 
-def validation(profile: Profile, task, lengths: dict, decoded: bool = False) -> dict:
-    """`train()`'s validation settings: every `profile.eval_every` steps, the loss on a fixed
-    sample of the task's validation split (none if it has no such split, or less than a batch)
-    and, if `decoded` and the task has metrics, those metrics on `profile.decoded_sample` of
-    its examples answered greedily."""
-    task = tasks.get_task(task)
-    if "validation" not in task.splits:
-        return {}
-    settings = dict(eval_every=profile.eval_every)
-    if decoded and any(sub.metric_fns for sub in getattr(task, "tasks", [task])):
-        settings["decoded_eval"] = evaluate.decoded_sample(task, lengths, profile.decoded_sample)
-    batches = tasks.validation_batches(task, lengths, profile.batch_size, profile.eval_batches)
-    if batches:
-        settings["eval_batches"] = lambda: batches
-    else:
-        warnings.warn(f"task {task.name!r}: its validation split holds less than one batch of "
-                      f"{profile.batch_size} examples, so this run has no validation loss curve", stacklevel=3)
-    return settings
+def pretraining_trainer(profile: Profile) -> Trainer:
+    """The trainer of `pretraining_recipe(profile)`: its model and optimizer, compiled once."""
+    return make_trainer(pretraining_recipe(profile))
 
 
 def pretrain(profile: Profile, num_steps: int | None = None, trainer: Trainer | None = None, on_log=None,
              progress: bool = True):
-    """Span-corruption pretraining into `pretraining_dir`, resuming where its checkpoints end.
+    """Run `pretraining_recipe(profile)`, resuming where its checkpoints end.
 
     `num_steps` (default: the profile's) is the global step to reach, so calling again with
     a larger number continues the same run. Returns (trainer, TrainResult).
     """
-    trainer = trainer or pretraining_trainer(profile)
-    num_steps = num_steps or profile.pretrain_steps
-    batches = pretraining_batches(profile)
-    result = train(trainer, batches, num_steps, pretraining_dir(profile),
-                   checkpoint_every=max(1, profile.pretrain_steps // 4), log_every=25,
-                   task_name=profile.pretrain_task, on_log=on_log, progress=progress,
-                   **validation(profile, profile.pretrain_task, feature_lengths(profile)))
+    trainer, result = run_recipe(pretraining_recipe(profile, num_steps), trainer=trainer, on_log=on_log,
+                                 progress=progress)
     last = result.history[-1]
     record_headline(pretraining={"steps": last["step"], "final_loss": last["loss"], "final_accuracy": last["accuracy"]})
     return trainer, result
 
 
-def pretrained_model(profile: Profile, progress: bool = True) -> Transformer:
-    """The model of the profile's finished pretraining run, pretraining first if needed."""
-    trainer, result = pretrain(profile, progress=progress)
-    return trainer.model(result.state.params)
+def pretrained_checkpoint(profile: Profile, progress: bool = True) -> pathlib.Path:
+    """The profile's finished pretraining run (its directory, which `finetune` takes as
+    `init`), pretraining first if needed."""
+    pretrain(profile, progress=progress)
+    return pretraining_dir(profile)
 
 
-def _fine_tuning_trainer(profile: Profile, task, init, learning_rate: float, mesh) -> tuple[Trainer, dict | None]:
-    """A trainer for `init`'s configuration (or the profile's preset for the task's vocabulary)
-    without dropout, in this chip's `compute_dtype`, and `init`'s parameters."""
-    if init is None:
-        return Trainer(model_config(profile, task, dropout_rate=0.0), TrainConfig(learning_rate=learning_rate), mesh), None
-    if not isinstance(init, Transformer):
-        raise TypeError(f"init must be a model, as pretrained_model, checkpoints.load_hf, checkpoints.load_t5x "
-                        f"and evaluate.load_model return it, or None for random initialisation; got {type(init).__name__}")
-    config = init.config.replace(dropout_rate=0.0, dtype=compute_dtype())
-    return Trainer(config, TrainConfig(learning_rate=learning_rate), mesh), params_of(init)
+def finetune_recipe(profile: Profile, task, init, num_steps: int | None = None, name: str = "",
+                    learning_rate: float = 1e-3, checkpoint_every: int | None = None) -> Recipe:
+    """Fine-tuning `init` (a checkpoint: a run or Hugging Face directory, `hf://<org>/<repo>`
+    or a T5X checkpoint of the profile's preset; None: random initialisation) on `task`, T5X
+    style: Adafactor at a constant learning rate 1e-3, no dropout; validation loss and the
+    task's metrics on a decoded sample every `profile.eval_every` steps; the final state kept
+    (and one every `checkpoint_every` steps), into `finetune_dir(profile, task, name)`."""
+    if init is not None and not isinstance(init, (str, os.PathLike)):
+        raise TypeError(f"init must be a checkpoint's path (a run or Hugging Face directory, hf://<org>/<repo>, "
+                        f"a T5X checkpoint), as pretrained_checkpoint returns it, or None for random "
+                        f"initialisation; got {type(init).__name__}")
+    init = None if init is None else os.fspath(init)
+    own_config = init is not None and not is_t5x_checkpoint(init)
+    steps = num_steps or profile.finetune_steps
+    task = tasks.get_task(task).name
+    lengths = finetune_lengths(profile)
+    return Recipe(model={"dropout_rate": 0.0} if own_config else {"preset": profile.model, "dropout_rate": 0.0},
+                  data=Data(task, lengths["inputs"], lengths["targets"], profile.batch_size),
+                  optimizer=TrainConfig(learning_rate=learning_rate),
+                  run=Run(str(finetune_dir(profile, task, name)), steps, init_checkpoint=init,
+                          checkpoint_every=checkpoint_every or steps, log_every=25, eval_every=profile.eval_every,
+                          eval_batches=profile.eval_batches, decoded_sample=profile.decoded_sample),
+                  source=f"workflow.finetune_recipe({profile.name!r}, {task!r}, name={name!r})")
 
 
-def finetune(profile: Profile, task, init: Transformer | None, num_steps: int | None = None, name: str = "",
-             learning_rate: float = 1e-3, checkpoint_every: int | None = None, mesh=None, on_log=None,
-             progress: bool = True):
-    """Fine-tune `init` (a model from any loader; None: random initialisation) on `task`, T5X
-    style: Adafactor at a constant learning rate 1e-3, no dropout. The run keeps its final
-    state (and one every `checkpoint_every` steps), so `t5nb eval` and `t5nb infer` take its
-    directory, and calling again resumes it. Returns (trainer, TrainResult)."""
-    trainer, params = _fine_tuning_trainer(profile, task, init, learning_rate, mesh)
-    num_steps = num_steps or profile.finetune_steps
-    batches = tasks.BatchIterator(task, finetune_lengths(profile), profile.batch_size)
-    model_dir = finetune_dir(profile, task, name)
-    result = train(trainer, batches, num_steps, model_dir, state=trainer.init_state(params), log_every=25,
-                   checkpoint_every=checkpoint_every or num_steps, task_name=batches.task.name,
-                   on_log=on_log, progress=progress, **validation(profile, task, finetune_lengths(profile), decoded=True))
-    return trainer, result
+def finetune(profile: Profile, task, init, num_steps: int | None = None, name: str = "",
+             learning_rate: float = 1e-3, checkpoint_every: int | None = None, on_log=None, progress: bool = True):
+    """Run `finetune_recipe` (see there). The run directory is one `t5nb eval` and `t5nb infer`
+    take, and calling again resumes it. Returns (trainer, TrainResult)."""
+    recipe = finetune_recipe(profile, task, init, num_steps, name, learning_rate, checkpoint_every)
+    return run_recipe(recipe, on_log=on_log, progress=progress)
 
 
-def finetune_and_evaluate(profile: Profile, task, init: Transformer | None, name: str, on_log=None,
+def finetune_and_evaluate(profile: Profile, task, init, name: str, on_log=None,
                           num_steps: int | None = None, split: str = "validation"):
     """Fine-tune (see `finetune`), then decode `split` and score it with the task's own metrics
     (`evaluate.infer_eval`). Returns (trainer, TrainResult, metrics)."""
@@ -188,5 +177,5 @@ def teacher_forced_and_decoded(profile: Profile, task, trainer: Trainer, result:
 
 
 __all__ = ["TrainResult", "feature_lengths", "finetune", "finetune_and_evaluate", "finetune_dir", "finetune_lengths",
-           "model_config", "pretrain", "pretrained_model", "pretraining_batches", "pretraining_dir", "pretraining_trainer",
-           "record_headline", "runs_dir", "teacher_forced_and_decoded", "validation"]
+           "finetune_recipe", "model_config", "pretrain", "pretrained_checkpoint", "pretraining_batches", "pretraining_dir",
+           "pretraining_recipe", "pretraining_trainer", "record_headline", "runs_dir", "teacher_forced_and_decoded"]

@@ -7,10 +7,9 @@ import pytest
 from flax import nnx
 
 from t5nb import workflow
-from t5nb.mesh import make_mesh
 from t5nb.model import Transformer
 from t5nb.profiles import PROFILES, compute_dtype
-from t5nb.checkpoints import params_of
+from t5nb.checkpoints import params_of, save_hf
 
 Device = types.SimpleNamespace  # what compute_dtype reads of a jax.Device
 CHIPS = {  # a chip as JAX reports it -> the dtype it should compute in
@@ -30,12 +29,11 @@ def test_each_chip_computes_in_its_dtype(monkeypatch, chip):
     assert workflow.model_config(PROFILES["cpu"]).dtype == dtype
 
 
-def test_fine_tuning_a_loaded_model_takes_the_chips_dtype_and_keeps_float32_parameters(monkeypatch):
+def test_fine_tuning_a_checkpoint_takes_the_chips_dtype_and_keeps_float32_parameters(monkeypatch, tmp_path):
     profile = PROFILES["ci"]
-    mesh = make_mesh()  # of the real devices, before they are mocked
-    loaded = Transformer(workflow.model_config(profile), rngs=nnx.Rngs(0))  # float32, as load_hf gives it
+    save_hf(Transformer(workflow.model_config(profile), rngs=nnx.Rngs(0)), tmp_path / "hf")  # float32 on this CPU
     monkeypatch.setattr(jax, "devices", lambda *backend: [CHIPS["tpu v5e"][0]])
-    config = workflow._fine_tuning_trainer(profile, profile.qa_task, loaded, 1e-3, mesh)[0].model_config
+    config = workflow.finetune_recipe(profile, profile.qa_task, tmp_path / "hf").model_config()
     assert config.dtype == jnp.bfloat16
     params = params_of(Transformer(config, rngs=nnx.Rngs(0)))
     assert {x.dtype for x in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}

@@ -7,6 +7,9 @@ an iterator that resumes exactly, and a preview of one example.
     resumed = BatchIterator.from_state(state)  # yields exactly the batches `batches` yields next
     batches.save_pipeline(folder)  # the input pipeline's own state (a few MB): resuming from it
     batches.restore_pipeline(folder, state)  # costs a fraction of a second, not a replay
+
+In a run of several processes (hosts), each `BatchIterator` yields its process's rows of the
+global batch; see `BatchIterator`.
 """
 import dataclasses
 import itertools
@@ -14,6 +17,7 @@ import json
 import pathlib
 import warnings
 
+import jax
 import seqio
 import tensorflow as tf
 
@@ -61,16 +65,28 @@ class BatchIterator:
     tf.data iterator's own checkpoint (shuffle buffer, packing, position), as T5X does, and
     `restore_pipeline` resumes from it in constant time. Both give exactly the batches an
     uninterrupted iterator yields next.
+
+    `batch_size` is the global batch. With several JAX processes, every process runs the same
+    deterministic pipeline and keeps its share of each batch's rows (`process_share`: index,
+    count; default JAX's), so the batches do not depend on how many hosts train: a run on 2
+    hosts sees the rows a run on one sees, and may resume on another number of hosts. (T5X
+    shards the source files per host instead, which costs each host less preprocessing and
+    ties the data to the host count.)
     """
 
     PIPELINE_PREFIX = "pipeline"  # file prefix of the tf.data checkpoint in a folder
 
     def __init__(self, task, feature_lengths: dict, batch_size: int, *, split: str = "train",
                  pack: bool | None = None, shuffle: bool = True, seed: int = 0,
-                 num_epochs: int | None = None, try_in_mem_cache: bool = True, batches: int = 0):
+                 num_epochs: int | None = None, try_in_mem_cache: bool = True, batches: int = 0,
+                 process_share: tuple[int, int] | None = None):
         self.task = get_task(task)
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.process_share = process_share or (jax.process_index(), jax.process_count())
+        if batch_size % self.process_share[1]:
+            raise ValueError(f"batch_size {batch_size} (the global batch) does not split evenly over "
+                             f"{self.process_share[1]} processes")
         self.settings = dict(task=self.task.name, feature_lengths=dict(feature_lengths), batch_size=batch_size,
                              split=split, pack=is_pretraining(self.task) if pack is None else pack,
                              shuffle=shuffle, seed=seed, num_epochs=num_epochs, try_in_mem_cache=try_in_mem_cache)
@@ -79,6 +95,10 @@ class BatchIterator:
     def _new_iterator(self, skip: int = 0):
         """A fresh pipeline (seqio reshuffles each new iteration of a dataset, so never reuse one)."""
         dataset = get_dataset(self.task, **{k: v for k, v in self.settings.items() if k != "task"})
+        index, count = self.process_share
+        if count > 1:
+            rows = self.settings["batch_size"] // count
+            dataset = dataset.map(lambda batch: {k: v[index * rows:(index + 1) * rows] for k, v in batch.items()})
         return iter(dataset.skip(skip).prefetch(2))
 
     def _seek(self, batches: int) -> None:

@@ -1,0 +1,392 @@
+"""Recipes: a training run in one TOML file, which `t5nb train RECIPE` and the course's
+workflow both run through `run_recipe`.
+
+    [model]      # a preset of t5nb.config and any T5Config field changed
+    preset = "t5.1.1-small"
+    dropout_rate = 0.0
+    [data]       # what it trains on (`Data`)
+    task = "c4_span_corruption"
+    inputs_length = 512
+    targets_length = 114
+    batch_size = 256
+    [optimizer]  # how it learns: t5nb.train.TrainConfig's fields
+    warmup_steps = 10000
+    [run]        # where it goes, how long, what it starts from, how often it logs and saves (`Run`)
+    model_dir = "runs/t5_1_1_small_c4"
+    steps = 100000
+    [mesh]       # how the devices split the work (`Mesh`)
+    num_partitions = 1
+
+A key left out takes its default; TOML has no null, so a key whose default is none is left
+out (`--set key=none` unsets it). The run directory gets `recipe.toml`, the recipe resolved:
+every model field, the dtype chosen for this chip and the vocabulary size filled in, so
+`t5nb train <model_dir>/recipe.toml` reproduces the run.
+"""
+import dataclasses
+import json
+import pathlib
+import tomllib
+import typing
+
+import jax
+import jax.numpy as jnp
+
+from t5nb import mesh as mesh_lib
+from t5nb.config import T5Config, get_config
+from t5nb.train import TrainConfig, Trainer, train
+
+RSQRT_DECAY = "rsqrt_decay"  # optimizer.learning_rate's name for TrainConfig.learning_rate=None
+
+
+class RecipeError(ValueError):
+    """A recipe that cannot be run: the message names the file, section and key."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+    """[data]: the task (or mixture) trained on, its feature lengths and the global batch."""
+
+    task: str
+    inputs_length: int
+    targets_length: int
+    batch_size: int  # the global batch, summed over every process
+    pack: bool | None = None  # none: pack targets-only (pretraining) tasks, not supervised ones
+    seed: int = 0  # shuffling and random preprocessing (span corruption's noise)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """[run]: where the run goes, the step it trains to, what it starts from, its cadences."""
+
+    model_dir: str  # local, created if absent; a run already there is resumed
+    steps: int  # the global step to reach (T5X's TRAIN_STEPS)
+    # a run directory (its latest checkpoint), a Hugging Face directory or hf://<org>/<repo>,
+    # or a T5X checkpoint directory (local or gs://); none: random initialisation
+    init_checkpoint: str | None = None
+    checkpoint_every: int = 1000
+    keep_checkpoints: int = 3
+    log_every: int = 50
+    eval_every: int = 0  # steps between validations (0: none)
+    eval_batches: int = 2  # batches of the task's validation split in each validation loss
+    decoded_sample: int = 0  # validation examples decoded and scored at each validation (one process only)
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+    """[mesh]: devices per model replica, and T5X's 1-D or 2-D logical axis rules."""
+
+    num_partitions: int = 1  # the 'model' axis; the rest of the devices form 'data'
+    parameter_dims: int = 1  # 2: parameters and optimizer state also split over 'data' (FSDP-like)
+    activation_dims: int = 1  # 2: activations' embed dimension also split over 'model'
+
+
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+    """A training run: `model` holds a preset and/or T5Config fields, the rest their dataclasses."""
+
+    model: dict
+    data: Data
+    optimizer: TrainConfig
+    run: Run
+    mesh: Mesh = Mesh()
+    source: str = "recipe"  # where it came from, for error messages
+
+    # -- reading -------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, table: dict, source: str = "recipe") -> "Recipe":
+        """A recipe from parsed TOML, every section and key checked."""
+        unknown = sorted(set(table) - set(SECTIONS))
+        if unknown:
+            raise RecipeError(f"{source}: no section [{unknown[0]}] in a recipe; its sections: "
+                              + ", ".join(f"[{name}]" for name in SECTIONS))
+        for name in SECTIONS:
+            if not isinstance(table.get(name, {}), dict):
+                raise RecipeError(f"{source}: [{name}] must be a table of keys, got {table[name]!r}")
+        sections = {name: _section(source, name, kind, table.get(name, {})) for name, kind in SECTIONS.items()}
+        return cls(**sections, source=source)
+
+    def with_overrides(self, assignments) -> "Recipe":
+        """This recipe with `section.key=value` assignments (`--set`), each value read as a
+        TOML value (a bare word is a string)."""
+        table = self.to_dict()
+        for assignment in assignments:
+            name, equals, text = assignment.partition("=")
+            section, dot, key = name.strip().partition(".")
+            if not (equals and dot and section and key):
+                raise RecipeError(f"--set {assignment!r}: expected SECTION.KEY=VALUE, e.g. run.steps=2000")
+            if section not in SECTIONS:
+                raise RecipeError(f"--set {assignment!r}: no section [{section}] in a recipe; its sections: "
+                                  + ", ".join(SECTIONS))
+            table.setdefault(section, {})[key] = _toml_value_of(text)
+        return Recipe.from_dict(table, f"{self.source} with --set")
+
+    # -- writing -------------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        """Sections of keys as TOML holds them (keys whose value is none left out)."""
+        table = {"model": dict(self.model)}
+        for name in ("data", "optimizer", "run", "mesh"):
+            values = dataclasses.asdict(getattr(self, name))
+            if name == "optimizer" and values["learning_rate"] is None:
+                values["learning_rate"] = RSQRT_DECAY
+            table[name] = {key: value for key, value in values.items() if value is not None}
+        return table
+
+    def to_toml(self) -> str:
+        lines = [f"# t5nb recipe (resolved from {self.source}): t5nb train <this file>"]
+        for name, values in self.to_dict().items():
+            lines += ["", f"[{name}]"] + [f"{key} = {_toml(value)}" for key, value in values.items()]
+        return "\n".join(lines) + "\n"
+
+    # -- what it builds ------------------------------------------------------------------------
+    def model_config(self) -> T5Config:
+        """The model: the preset (or the initial checkpoint's own configuration, or the fields
+        alone when they are complete) with the recipe's fields; the vocabulary size of the task
+        and this chip's compute dtype unless given."""
+        fields = dict(self.model)
+        preset = fields.pop("preset", None)
+        if preset is not None:
+            base = get_config(preset)
+        elif self.run.init_checkpoint and checkpoint_kind(self.run.init_checkpoint) in ("run", "hf"):
+            base = checkpoint_config(self.run.init_checkpoint)
+        elif set(fields) >= set(MODEL_FIELDS):
+            base = T5Config()
+        else:
+            raise RecipeError(f"{self.source}: [model] needs a preset (one of {', '.join(sorted(_presets()))}), "
+                              "every T5Config field, or a run.init_checkpoint with its own configuration "
+                              "(a run or Hugging Face directory)")
+        if preset is not None:
+            fields.setdefault("vocab_size", default_vocab_size(self.data.task))
+        fields.setdefault("dtype", _compute_dtype())
+        return T5Config.from_json({**base.to_json(), **fields})
+
+    def resolved(self) -> "Recipe":
+        """This recipe with every model field spelled out, as the run directory keeps it."""
+        return dataclasses.replace(self, model=self.model_config().to_json())
+
+    def make_mesh(self) -> jax.sharding.Mesh:
+        return mesh_lib.make_mesh(self.mesh.num_partitions)
+
+    def rules(self) -> tuple:
+        return mesh_lib.standard_rules(self.mesh.activation_dims, self.mesh.parameter_dims)
+
+
+SECTIONS = {"model": None, "data": Data, "optimizer": TrainConfig, "run": Run, "mesh": Mesh}
+MODEL_FIELDS = {field.name: field.type for field in dataclasses.fields(T5Config)}
+
+
+def _presets():
+    from t5nb.config import PRESETS
+
+    return PRESETS
+
+
+def _compute_dtype() -> str:
+    from t5nb.profiles import compute_dtype
+
+    return jnp.dtype(compute_dtype()).name
+
+
+def _toml(value) -> str:
+    """A TOML value: booleans, numbers, strings and lists of them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml(item) for item in value) + "]"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # a JSON string is a TOML basic string
+
+
+def _toml_value_of(text: str):
+    """`--set`'s value: a TOML value (`2000`, `1e-3`, `true`, `"x"`, `[1, 2]`), else the text as a string."""
+    try:
+        return tomllib.loads(f"value = {text}")["value"]
+    except tomllib.TOMLDecodeError:
+        return text.strip()
+
+
+def _describe(kind) -> str:
+    names = {int: "a whole number", float: "a number", bool: "true or false", str: "a string"}
+    arguments = [a for a in typing.get_args(kind) if a is not type(None)]
+    if arguments and typing.get_origin(kind) is not tuple:
+        return " or ".join(_describe(a) for a in arguments) + " (or none)"
+    if typing.get_origin(kind) is tuple:
+        return "a list of strings"
+    return names.get(kind, "a dtype name such as float32 or bfloat16" if kind is jnp.dtype else str(kind))
+
+
+def _coerce(where: str, value, kind):
+    """`value` as a field of type `kind` wants it, or a RecipeError naming `where`."""
+    arguments = typing.get_args(kind)
+    if type(None) in arguments:
+        if value is None or value == "none":
+            return None
+        kind = next(a for a in arguments if a is not type(None))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if kind is jnp.dtype and isinstance(value, str):
+        try:
+            return jnp.dtype(value).name
+        except TypeError:
+            pass
+    elif typing.get_origin(kind) is tuple and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    elif isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
+        return value
+    raise RecipeError(f"{where} must be {_describe(kind)}, got {value!r}")
+
+
+def _section(source: str, name: str, kind, values: dict):
+    """Section `name` checked: no unknown key, every value of its field's type."""
+    if kind is None:  # [model]: a preset and T5Config fields
+        fields = {"preset": str, **MODEL_FIELDS}
+    else:
+        fields = typing.get_type_hints(kind)
+    unknown = sorted(set(values) - set(fields))
+    if unknown:
+        raise RecipeError(f"{source}: [{name}] has no key {unknown[0]!r}; its keys: {', '.join(fields)}")
+    if kind is TrainConfig and values.get("learning_rate") == RSQRT_DECAY:
+        values = {**values, "learning_rate": None}
+    checked = {key: _coerce(f"{source}: [{name}] {key}", value, fields[key]) for key, value in values.items()}
+    if kind is None:
+        if "preset" in checked and checked["preset"] not in _presets():
+            raise RecipeError(f"{source}: [model] preset {checked['preset']!r} is not one of "
+                              f"{', '.join(sorted(_presets()))}")
+        return checked
+    missing = [f.name for f in dataclasses.fields(kind)
+               if f.name not in checked and f.default is dataclasses.MISSING]
+    if missing:
+        raise RecipeError(f"{source}: [{name}] needs {', '.join(missing)}")
+    try:
+        return kind(**checked)
+    except ValueError as error:
+        raise RecipeError(f"{source}: [{name}]: {error}") from None
+
+
+def load_recipe(path) -> Recipe:
+    """The recipe in the TOML file `path`."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such recipe file")
+    try:
+        table = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as error:
+        raise RecipeError(f"{path}: not TOML ({error})") from None
+    return Recipe.from_dict(table, str(path))
+
+
+def default_vocab_size(task) -> int:
+    """The embedding rows for `task`'s vocabulary: its ids, or 32128 for the official T5
+    vocabulary's 32100, as the published checkpoints pad it."""
+    from t5nb import tasks
+
+    vocabulary = tasks.get_task(task).output_features["targets"].vocabulary
+    official = getattr(vocabulary, "sentencepiece_model_file", None) == tasks.vocab.official_spm_path()
+    return 32128 if official else vocabulary.vocab_size
+
+
+def checkpoint_kind(path: str) -> str:
+    """"hf", "t5x" or "run": what `init_checkpoint` names (anything else is refused, saying what it holds)."""
+    from t5nb import evaluate
+
+    if path.startswith("hf://"):
+        return "hf"
+    if is_t5x_checkpoint(path):
+        return "t5x"
+    return evaluate.model_dir_kind(path)
+
+
+def is_t5x_checkpoint(path: str) -> bool:
+    """Whether `path` names a T5X checkpoint: on GCS, a directory holding `checkpoint`, or a file."""
+    return path.startswith("gs://") or (pathlib.Path(path) / "checkpoint").is_file() or pathlib.Path(path).is_file()
+
+
+def checkpoint_config(path: str) -> T5Config:
+    """The model configuration a run or Hugging Face checkpoint carries (T5X's carry none)."""
+    from t5nb import checkpoints, evaluate
+
+    return checkpoints.read_hf_config(path) if checkpoint_kind(path) == "hf" else evaluate.run_config(path)[0]
+
+
+def initial_params(path: str, config: T5Config, mesh=None) -> dict:
+    """The parameters of checkpoint `path` (see `Run.init_checkpoint`), checked against `config`."""
+    from t5nb import checkpoints, evaluate
+
+    kind = checkpoint_kind(path)
+    if kind == "t5x":
+        params = checkpoints.read_t5x_checkpoint(path)
+    elif kind == "hf":
+        params = checkpoints.read_hf_checkpoint(path)[1]
+    else:
+        params = checkpoints.params_of(evaluate.load_model(path, mesh=mesh)[0])
+    try:
+        checkpoints.check_params(config, checkpoints.flatten(params))
+    except checkpoints.CheckpointError as error:
+        raise RecipeError(f"run.init_checkpoint {path} does not fit the recipe's model: {error}") from None
+    return params
+
+
+def validation(recipe: Recipe) -> dict:
+    """`train()`'s validation settings: every `run.eval_every` steps, the loss on the first
+    `run.eval_batches` batches of the task's validation split (none if it has no such split,
+    or less than a batch) and the task's metrics on `run.decoded_sample` examples decoded."""
+    import warnings
+
+    from t5nb import evaluate, tasks
+
+    task = tasks.get_task(recipe.data.task)
+    if not recipe.run.eval_every or "validation" not in task.splits:
+        return {}
+    settings = dict(eval_every=recipe.run.eval_every)
+    lengths = feature_lengths(recipe)
+    if recipe.run.decoded_sample and any(sub.metric_fns for sub in getattr(task, "tasks", [task])):
+        if jax.process_count() > 1:
+            raise RecipeError(f"{recipe.source}: run.decoded_sample works in one process; set it to 0 and score "
+                              "the checkpoints with `t5nb eval`")
+        settings["decoded_eval"] = evaluate.decoded_sample(task, lengths, recipe.run.decoded_sample)
+    batches = tasks.validation_batches(task, lengths, recipe.data.batch_size, recipe.run.eval_batches)
+    if batches:
+        settings["eval_batches"] = lambda: batches
+    else:
+        warnings.warn(f"task {task.name!r}: its validation split holds less than one batch of "
+                      f"{recipe.data.batch_size} examples, so this run has no validation loss curve", stacklevel=3)
+    return settings
+
+
+def feature_lengths(recipe: Recipe) -> dict:
+    return {"inputs": recipe.data.inputs_length, "targets": recipe.data.targets_length}
+
+
+def make_trainer(recipe: Recipe) -> Trainer:
+    """The recipe's model and optimizer on its mesh, with its axis rules."""
+    return Trainer(recipe.model_config(), recipe.optimizer, recipe.make_mesh(), recipe.rules())
+
+
+def run_recipe(recipe: Recipe, *, on_log=None, progress: bool = True, trainer: Trainer | None = None):
+    """Train as `recipe` says, resuming its run directory where its checkpoints end; write the
+    resolved recipe there as `recipe.toml`. `trainer` (one the recipe's model and optimizer
+    describe) saves compiling again. Returns (trainer, TrainResult)."""
+    from t5nb import tasks
+
+    recipe = recipe.resolved()
+    config = recipe.model_config()
+    if trainer is None:
+        trainer = make_trainer(recipe)
+    elif (trainer.model_config, trainer.train_config) != (config, recipe.optimizer):
+        raise ValueError("the trainer given differs from the recipe's model or optimizer")
+    model_dir = pathlib.Path(recipe.run.model_dir)
+    resuming = (model_dir / "checkpoints").is_dir() and any((model_dir / "checkpoints").iterdir())
+    params = None
+    if recipe.run.init_checkpoint and not resuming:
+        params = initial_params(recipe.run.init_checkpoint, config, trainer.mesh)
+    data = recipe.data
+    batches = tasks.BatchIterator(data.task, feature_lengths(recipe), data.batch_size, pack=data.pack, seed=data.seed)
+    if jax.process_index() == 0:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "recipe.toml").write_text(recipe.to_toml())
+    result = train(trainer, batches, recipe.run.steps, model_dir,
+                   state=None if params is None else trainer.init_state(params),
+                   checkpoint_every=recipe.run.checkpoint_every, keep_checkpoints=recipe.run.keep_checkpoints,
+                   log_every=recipe.run.log_every, task_name=batches.task.name, on_log=on_log,
+                   progress=progress and jax.process_index() == 0, **validation(recipe))
+    return trainer, result
