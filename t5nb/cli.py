@@ -212,17 +212,15 @@ def run_eval_or_infer(args) -> int:
 
 
 def start_distributed(args) -> None:
-    """Join the multi-host job the arguments describe (before JAX starts), or none."""
+    """Join the multi-host job the arguments describe (before JAX starts), if any."""
     given = [args.coordinator, args.num_processes, args.process_id]
-    if not args.distributed and all(value is None for value in given):
-        return
     if any(value is None for value in given) and not all(value is None for value in given):
         raise ValueError("--coordinator, --num-processes and --process-id go together")
     if args.process_id is not None and args.process_id >= args.num_processes:
         raise ValueError(f"--process-id {args.process_id}: must be below --num-processes {args.num_processes}")
-    import jax
+    from t5nb.mesh import initialize_distributed
 
-    jax.distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+    initialize_distributed(args.coordinator, args.num_processes, args.process_id, detect=args.distributed)
 
 
 def run_train(args) -> int:

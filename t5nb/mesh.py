@@ -99,8 +99,9 @@ def describe_sharding(state, mesh, rules=STANDARD_RULES) -> str:
     return "\n".join(lines)
 
 
-def initialize_distributed(coordinator_address=None, num_processes=None, process_id=None):
-    """Multi-host: join the other processes (a no-op for a single process without arguments)."""
-    if coordinator_address is None and num_processes is None:
+def initialize_distributed(coordinator_address=None, num_processes=None, process_id=None, detect: bool = False):
+    """Multi-host: join the other processes, described by the arguments or, with `detect`, found
+    by JAX (TPU pod slices, SLURM, Open MPI, Kubernetes); without either, nothing (one process)."""
+    if coordinator_address is None and num_processes is None and not detect:
         return
     jax.distributed.initialize(coordinator_address, num_processes, process_id)

@@ -316,7 +316,8 @@ def record_config(model_dir: pathlib.Path, trainer: Trainer, resuming: bool) -> 
         {"model": trainer.model_config.to_json(), "train": dataclasses.asdict(trainer.train_config)}))
     path = model_dir / "config.json"
     if not (resuming and path.exists()):
-        path.write_text(json.dumps(requested, indent=2))
+        if jax.process_index() == 0:  # one writer in a run of several processes
+            path.write_text(json.dumps(requested, indent=2))
         return
     saved = json.loads(path.read_text())
 

@@ -5,35 +5,20 @@ Usage: pretrain_worker.py STEPS OUT. Runs go under $T5NB_RUNS_DIR. Each batch th
 of the train split is appended to OUT as `<position> <hash>`; `T5NB_TEST_BATCH_DELAY` (seconds) slows every batch
 so that a test can signal the process at a chosen point. The final parameters go to OUT.npz.
 """
-import hashlib
 import os
 import sys
-import time
 
+import jax
 import numpy as np
+from slow_batches import record_batches
 
 import t5nb
-from t5nb import tasks, workflow
+from t5nb import workflow
 
 steps, out = int(sys.argv[1]), sys.argv[2]
-delay = float(os.environ.get("T5NB_TEST_BATCH_DELAY", "0"))
-consume = tasks.BatchIterator.__next__
-
-
-def recorded_next(self):
-    batch = consume(self)
-    if self.settings["split"] != "train":  # the validation sample
-        return batch
-    digest = hashlib.sha256(b"".join(batch[k].tobytes() for k in sorted(batch))).hexdigest()[:16]
-    with open(out, "a") as log:
-        log.write(f"{self.batches} {digest}\n")
-    time.sleep(delay)
-    return batch
-
-
-tasks.BatchIterator.__next__ = recorded_next
+record_batches(out)
 _, result = workflow.pretrain(t5nb.get_profile("ci"), num_steps=steps, progress=False)
 np.savez(f"{out}.npz", **{"/".join(str(k.key) for k in path): np.asarray(v) for path, v in
-                          __import__("jax").tree_util.tree_flatten_with_path(result.state.params)[0]})
+                          jax.tree_util.tree_flatten_with_path(result.state.params)[0]})
 sys.stdout.flush()
 os._exit(0)  # skip the slow interpreter teardown of TF and orbax threads
