@@ -41,7 +41,7 @@ from t5nb import decode, workflow  # noqa: E402
 from t5nb import mesh as mesh_lib  # noqa: E402
 from t5nb.model import Transformer  # noqa: E402
 from t5nb.profiles import compute_dtype, get_profile  # noqa: E402
-from t5nb.train import Trainer, TrainConfig  # noqa: E402
+from t5nb.train import Trainer  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MFU = 0.4  # the fraction of a chip's roofline every program reaches (see the README)
@@ -138,10 +138,11 @@ def greedy_decoding(config, mesh, batch_size: int, lengths: dict) -> dict:
 
 def programs_in(dtype, mesh, profile) -> dict:
     """Every program of the course, computing in `dtype`, compiled for `mesh`'s chip."""
-    pretraining = workflow.pretraining_trainer(profile, mesh)
-    pretraining = Trainer(pretraining.model_config.replace(dtype=dtype), pretraining.train_config, mesh)
-    config = workflow.model_config(profile, profile.qa_task, dropout_rate=0.0, dtype=dtype)
-    finetuning = Trainer(config, TrainConfig(learning_rate=1e-3), mesh)  # as workflow.finetune builds it
+    pretraining = workflow.pretraining_recipe(profile)
+    pretraining = Trainer(pretraining.model_config().replace(dtype=dtype), pretraining.optimizer, mesh)
+    finetune = workflow.finetune_recipe(profile, profile.qa_task, None)
+    config = finetune.model_config().replace(dtype=dtype)
+    finetuning = Trainer(config, finetune.optimizer, mesh)
     lengths = workflow.finetune_lengths(profile)
     batch = abstract_batch(finetuning, profile.batch_size, lengths, packed=False)
     return {"pretrain_step": train_step(pretraining, abstract_batch(

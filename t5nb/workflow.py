@@ -13,10 +13,9 @@ import pathlib
 import jax
 
 from t5nb import evaluate, tasks
-from t5nb.config import T5Config, get_config
 from t5nb.paths import REPO_ROOT
-from t5nb.profiles import Profile, compute_dtype
-from t5nb.recipe import Data, Recipe, Run, default_vocab_size, is_t5x_checkpoint, make_trainer, run_recipe
+from t5nb.profiles import Profile
+from t5nb.recipe import Data, Recipe, Run, is_t5x_checkpoint, make_trainer, run_recipe
 from t5nb.system import in_colab
 from t5nb.train import Trainer, TrainConfig, TrainResult, teacher_forced
 
@@ -38,13 +37,6 @@ def record_headline(**numbers) -> None:
     recorded = json.loads(path.read_text()) if path.exists() else {}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**recorded, **numbers}, indent=2, default=float) + "\n")
-
-
-def model_config(profile: Profile, task=None, **changes) -> T5Config:
-    """The profile's preset sized for the vocabulary of `task` (default: the profile's
-    pretraining task), computing in this chip's `compute_dtype`, with any field changes."""
-    vocab_size = default_vocab_size(task if task is not None else profile.pretrain_task)
-    return get_config(profile.model, vocab_size=vocab_size, **{"dtype": compute_dtype(), **changes})
 
 
 def feature_lengths(profile: Profile) -> dict:
@@ -177,5 +169,5 @@ def teacher_forced_and_decoded(profile: Profile, task, trainer: Trainer, result:
 
 
 __all__ = ["TrainResult", "feature_lengths", "finetune", "finetune_and_evaluate", "finetune_dir", "finetune_lengths",
-           "finetune_recipe", "model_config", "pretrain", "pretrained_checkpoint", "pretraining_batches", "pretraining_dir",
+           "finetune_recipe", "pretrain", "pretrained_checkpoint", "pretraining_batches", "pretraining_dir",
            "pretraining_recipe", "pretraining_trainer", "record_headline", "runs_dir", "teacher_forced_and_decoded"]

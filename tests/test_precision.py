@@ -26,12 +26,12 @@ def test_each_chip_computes_in_its_dtype(monkeypatch, chip):
     assert compute_dtype(device) == dtype
     monkeypatch.setattr(jax, "devices", lambda *backend: [device])
     assert compute_dtype() == dtype
-    assert workflow.model_config(PROFILES["cpu"]).dtype == dtype
+    assert workflow.pretraining_recipe(PROFILES["cpu"]).model_config().dtype == dtype
 
 
 def test_fine_tuning_a_checkpoint_takes_the_chips_dtype_and_keeps_float32_parameters(monkeypatch, tmp_path):
     profile = PROFILES["ci"]
-    save_hf(Transformer(workflow.model_config(profile), rngs=nnx.Rngs(0)), tmp_path / "hf")  # float32 on this CPU
+    save_hf(Transformer(workflow.pretraining_recipe(profile).model_config(), rngs=nnx.Rngs(0)), tmp_path / "hf")  # float32 on this CPU
     monkeypatch.setattr(jax, "devices", lambda *backend: [CHIPS["tpu v5e"][0]])
     config = workflow.finetune_recipe(profile, profile.qa_task, tmp_path / "hf").model_config()
     assert config.dtype == jnp.bfloat16

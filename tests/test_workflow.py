@@ -53,7 +53,7 @@ def test_a_task_in_another_vocabulary_fine_tunes_a_model_of_that_vocabulary(tmp_
         trainer, result = workflow.finetune(profile, task, None, num_steps=3, progress=False)
     ids = tasks.get_task(task).output_features["targets"].vocabulary.vocab_size
     assert trainer.model_config.vocab_size == (32128 if vocabulary == "t5" else ids)  # T5's table pads 32100 ids
-    assert trainer.model_config.vocab_size != workflow.model_config(profile).vocab_size
+    assert trainer.model_config.vocab_size != workflow.pretraining_recipe(profile).model_config().vocab_size
     assert all(math.isfinite(entry["loss"]) for entry in result.history)
 
 
