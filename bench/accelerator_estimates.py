@@ -116,7 +116,7 @@ def train_step(trainer: Trainer, batch: dict) -> dict:
 def eval_step(trainer: Trainer, batch: dict) -> dict:
     """`trainer`'s teacher-forced eval step, as `Trainer.eval_step` jits it."""
     with mesh_lib.activation_sharding(trainer.mesh, trainer.rules):
-        return compiled_cost(jax.jit(lambda p, b: trainer._sums(p, b, None)[1]), trainer.abstract_state().params, batch)
+        return compiled_cost(jax.jit(lambda p, b: trainer._sums(p, trainer.frozen, b, None)[1]), trainer.abstract_state().params, batch)
 
 
 def greedy_decoding(config, mesh, batch_size: int, lengths: dict) -> dict:

@@ -8,6 +8,8 @@ import jax.numpy as jnp
 # activation, "minimal" only the outputs of matmuls without batch dimensions (the projections),
 # "full" nothing, recomputing the layer's forward pass. Memory against compute: docs/benchmarks.md.
 REMAT_POLICIES = {"none": None, "minimal": "dots_with_no_batch_dims_saveable", "full": "nothing_saveable"}
+# the kernels LoRA can adapt: attention's projections and the MLP's (wi, or wi_0/wi_1 when gated)
+LORA_TARGETS = ("query", "key", "value", "out", "wi", "wi_0", "wi_1", "wo")
 # fields that say how the model runs, not what it is: a run may resume with them changed
 EXECUTION_FIELDS = ("dtype", "scan_layers", "remat_policy")
 # fields that count something: positive whole numbers
@@ -33,6 +35,11 @@ class T5Config:
     float32_attention_logits: bool = True
     relative_attention_num_buckets: int = 32
     relative_attention_max_distance: int = 128
+    # Parameter-efficient fine-tuning (t5nb.adapters): with either, only these parameters train.
+    lora_rank: int = 0  # LoRA (Hu et al. 2021): kernel + (lora_alpha / lora_rank) * A @ B (0: none)
+    lora_alpha: float = 8.0
+    lora_targets: tuple[str, ...] = ("query", "value")  # which kernels, of every layer: see LORA_TARGETS
+    prompt_length: int = 0  # prompt tuning (Lester et al. 2021): learned vectors before the encoder's input
     # How the model runs, not what it computes (a run may resume with them changed):
     scan_layers: bool = False  # each layer stack as one lax.scan: compile time that does not grow with depth
     remat_policy: str = "none"  # activations recomputed in the backward pass: see REMAT_POLICIES
@@ -44,6 +51,16 @@ class T5Config:
                 raise ValueError(f"T5Config.{field} must be a positive whole number, got {value!r}")
         if not 0 <= self.dropout_rate < 1:
             raise ValueError(f"T5Config.dropout_rate must be in [0, 1), got {self.dropout_rate!r}")
+        for field in ("lora_rank", "prompt_length"):
+            value = getattr(self, field)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 0:
+                raise ValueError(f"T5Config.{field} must be a whole number, 0 for none, got {value!r}")
+        if not self.lora_alpha > 0:
+            raise ValueError(f"T5Config.lora_alpha must be positive, got {self.lora_alpha!r}")
+        unknown = sorted(set(self.lora_targets) - set(LORA_TARGETS))
+        if unknown or not self.lora_targets:
+            raise ValueError(f"T5Config.lora_targets must name kernels among {', '.join(LORA_TARGETS)}, "
+                             f"got {tuple(self.lora_targets)!r}")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"T5Config.remat_policy must be one of {', '.join(REMAT_POLICIES)}, "
                              f"got {self.remat_policy!r}")
@@ -67,7 +84,8 @@ class T5Config:
     @classmethod
     def from_json(cls, fields: dict) -> "T5Config":
         cls.check_fields(fields)
-        return cls(**{**fields, "dtype": jnp.dtype(fields["dtype"]), "mlp_activations": tuple(fields["mlp_activations"])})
+        tuples = {name: tuple(fields[name]) for name in ("mlp_activations", "lora_targets") if name in fields}
+        return cls(**{**fields, "dtype": jnp.dtype(fields["dtype"]), **tuples})
 
 
 _T5_1_0 = T5Config()

@@ -25,6 +25,7 @@ from t5nb import _tensorflow  # noqa: F401, I001  (first: TensorFlow for tf.data
 import seqio
 from clu import metric_writers
 
+from t5nb.adapters import has_adapters
 from t5nb.checkpoints import HF_DIR, RunCheckpoints, hf_weights_file, load_hf, read_hf_config, warn_if_not_finite
 from t5nb.config import T5Config
 from t5nb.decode import Predictor
@@ -290,6 +291,10 @@ def load_model(model_dir, step: int | None = None, mesh=None):
     step = available[-1] if step is None else step
     config, train_config = run_config(model_dir)
     trainer = Trainer(config, TrainConfig(**train_config), mesh)
+    if has_adapters(config):
+        from t5nb.recipe import restore_base
+
+        restore_base(model_dir, trainer)
     state = RunCheckpoints(model_dir / "checkpoints").restore(trainer.abstract_state(), step)
     model = trainer.model(state.params)
     warn_if_not_finite(model, model_dir / "checkpoints" / str(step))

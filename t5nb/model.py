@@ -46,14 +46,30 @@ class Dropout(nnx.Module):
 
 
 class Dense(nnx.Module):
-    """y = x @ kernel, kernel [in, out] with logical `axes`, computed in `dtype`."""
+    """y = x @ kernel, kernel [in, out] with logical `axes`, computed in `dtype`; with a LoRA
+    `rank` (Hu et al. 2021), plus scale * (x @ lora_a) @ lora_b, lora_a [in, r] random and
+    lora_b [r, out] zero, so an adapted model starts as the model it adapts."""
 
-    def __init__(self, features_in, features_out, axes, dtype, rngs, init=_fan_in_truncated):
+    def __init__(self, features_in, features_out, axes, dtype, rngs, init=_fan_in_truncated, rank=0, scale=1.0):
         self.kernel = _param(rngs, init, (features_in, features_out), axes)
-        self.dtype = dtype
+        if rank:
+            self.lora_a = _param(rngs, _fan_in_normal, (features_in, rank), (axes[0], None))
+            self.lora_b = _param(rngs, jax.nn.initializers.zeros, (rank, features_out), (None, axes[1]))
+        self.dtype, self.lora_scale = dtype, scale if rank else None
 
     def __call__(self, x):
-        return speedups.matmul(x.astype(self.dtype), self.kernel[...].astype(self.dtype))
+        x = x.astype(self.dtype)
+        y = speedups.matmul(x, self.kernel[...].astype(self.dtype))
+        if self.lora_scale is None:
+            return y
+        return y + self.lora_scale * ((x @ self.lora_a[...].astype(self.dtype)) @ self.lora_b[...].astype(self.dtype))
+
+
+def lora(config: T5Config, name: str) -> dict:
+    """Dense's LoRA arguments for the kernel `name` (query, wi, ...): none unless it is a target."""
+    if not config.lora_rank or name not in config.lora_targets:
+        return {}
+    return {"rank": config.lora_rank, "scale": config.lora_alpha / config.lora_rank}
 
 
 class Embed(nnx.Module):
@@ -125,10 +141,11 @@ class MultiHeadAttention(nnx.Module):
         c = config
         joined = c.num_heads * c.head_dim
         query_init = lambda key, shape, dtype: _fan_in_normal(key, shape, dtype) / c.head_dim**0.5  # noqa: E731
-        self.query = Dense(c.emb_dim, joined, ("embed", "joined_kv"), c.dtype, rngs, query_init)
-        self.key = Dense(c.emb_dim, joined, ("embed", "joined_kv"), c.dtype, rngs, _fan_in_normal)
-        self.value = Dense(c.emb_dim, joined, ("embed", "joined_kv"), c.dtype, rngs, _fan_in_normal)
-        self.out = Dense(joined, c.emb_dim, ("joined_kv", "embed"), c.dtype, rngs, _fan_in_normal)
+        self.query = Dense(c.emb_dim, joined, ("embed", "joined_kv"), c.dtype, rngs, query_init, **lora(c, "query"))
+        self.key = Dense(c.emb_dim, joined, ("embed", "joined_kv"), c.dtype, rngs, _fan_in_normal, **lora(c, "key"))
+        self.value = Dense(c.emb_dim, joined, ("embed", "joined_kv"), c.dtype, rngs, _fan_in_normal,
+                           **lora(c, "value"))
+        self.out = Dense(joined, c.emb_dim, ("joined_kv", "embed"), c.dtype, rngs, _fan_in_normal, **lora(c, "out"))
         self.dropout = Dropout(c.dropout_rate)
         self.config = c
 
@@ -160,8 +177,8 @@ class MlpBlock(nnx.Module):
         c = config
         names = ["wi"] if len(c.mlp_activations) == 1 else [f"wi_{i}" for i in range(len(c.mlp_activations))]
         for name in names:
-            setattr(self, name, Dense(c.emb_dim, c.mlp_dim, ("embed", "mlp"), c.dtype, rngs))
-        self.wo = Dense(c.mlp_dim, c.emb_dim, ("mlp", "embed"), c.dtype, rngs)
+            setattr(self, name, Dense(c.emb_dim, c.mlp_dim, ("embed", "mlp"), c.dtype, rngs, **lora(c, name)))
+        self.wo = Dense(c.mlp_dim, c.emb_dim, ("mlp", "embed"), c.dtype, rngs, **lora(c, "wo"))
         self.dropout = Dropout(c.dropout_rate)
         self.names, self.activations = names, c.mlp_activations
 
@@ -250,10 +267,21 @@ def shift_right(targets):
     return jnp.pad(targets[:, :-1], ((0, 0), (1, 0)))
 
 
-def _embed(embedder: Embed, tokens, dropout: Dropout, rngs):
-    """Token ids [b, l] -> embeddings [b, l, e], dropped out."""
-    x = dropout(embedder(tokens), deterministic=rngs is None, rngs=rngs)
+def _embed(embedder: Embed, tokens, dropout: Dropout, rngs, prompt=None):
+    """Token ids [b, l] -> embeddings [b, l, e] (after a `prompt` [p, e]: [b, p + l, e]), dropped out."""
+    x = embedder(tokens)
+    if prompt is not None:
+        x = jnp.concatenate([jnp.broadcast_to(prompt.astype(x.dtype), (x.shape[0], *prompt.shape)), x], axis=1)
+    x = dropout(x, deterministic=rngs is None, rngs=rngs)
     return constrain(x, ("batch", "length", "embed"))
+
+
+def encoder_valid(config: T5Config, encoder_input_tokens):
+    """Which encoder positions hold something [b, p + l]: the prompt's p, then the tokens but padding."""
+    valid = encoder_input_tokens > 0
+    if not config.prompt_length:
+        return valid
+    return jnp.concatenate([jnp.ones((valid.shape[0], config.prompt_length), bool), valid], axis=1)
 
 
 def run_stack(layers, x, config: T5Config, rngs, call):
@@ -292,9 +320,14 @@ def run_stack(layers, x, config: T5Config, rngs, call):
 
 class Encoder(nnx.Module):
     """Token ids -> encoded [b, l, e]: embedding, a stack of layers sharing one relative
-    position bias, final norm. `embedder` is the token embedding shared with the decoder."""
+    position bias, final norm. `embedder` is the token embedding shared with the decoder. With
+    `config.prompt_length` p (prompt tuning), p learned vectors go before the embedded tokens
+    and the output is [b, p + l, e]."""
 
     def __init__(self, config: T5Config, rngs):
+        if config.prompt_length:
+            self.prompt = _param(rngs, jax.nn.initializers.normal(1.0), (config.prompt_length, config.emb_dim),
+                                 (None, "embed"))
         self.relpos_bias = RelativePositionBiases(config, bidirectional=True, rngs=rngs)
         self.layers = nnx.data([EncoderLayer(config, rngs) for _ in range(config.num_encoder_layers)])
         self.encoder_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
@@ -302,12 +335,15 @@ class Encoder(nnx.Module):
         self.config = config
 
     def __call__(self, embedder: Embed, encoder_input_tokens, encoder_segment_ids=None, rngs=None):
-        """[b, l] token ids (0 = padding) -> [b, l, e]."""
-        length = encoder_input_tokens.shape[1]
-        valid = encoder_input_tokens > 0
+        """[b, l] token ids (0 = padding) -> [b, l, e] ([b, p + l, e] after a prompt)."""
+        prompt = self.prompt[...] if self.config.prompt_length else None
+        if prompt is not None and encoder_segment_ids is not None:
+            raise ValueError("prompt tuning needs one example per row: pack=False")
+        valid = encoder_valid(self.config, encoder_input_tokens)
+        length = valid.shape[1]
         bias = (attention_mask_bias(valid, valid, encoder_segment_ids, encoder_segment_ids)
                 + self.relpos_bias(jnp.arange(length), jnp.arange(length)))
-        x = _embed(embedder, encoder_input_tokens, self.dropout, rngs)
+        x = _embed(embedder, encoder_input_tokens, self.dropout, rngs, prompt)
         x = run_stack(self.layers, x, self.config, rngs, lambda layer, x, rngs: layer(x, bias, rngs))
         return self.dropout(self.encoder_norm(x), deterministic=rngs is None, rngs=rngs)
 
@@ -330,11 +366,12 @@ class Decoder(nnx.Module):
         """Inputs [b, q] (the targets shifted right) -> logits [b, q, v]. Padding is read from
         `decoder_target_tokens` (> 0), as in T5X: the inputs start with 0."""
         length = decoder_input_tokens.shape[1]
-        target_valid, encoder_valid = decoder_target_tokens > 0, encoder_input_tokens > 0
+        target_valid = decoder_target_tokens > 0
         self_bias = (attention_mask_bias(target_valid, target_valid, decoder_segment_ids,
                                          decoder_segment_ids, causal=True)
                      + self.relpos_bias(jnp.arange(length), jnp.arange(length)))
-        cross_bias = attention_mask_bias(target_valid, encoder_valid, decoder_segment_ids, encoder_segment_ids)
+        cross_bias = attention_mask_bias(target_valid, encoder_valid(self.config, encoder_input_tokens),
+                                         decoder_segment_ids, encoder_segment_ids)
         y = _embed(embedder, decoder_input_tokens, self.dropout, rngs)
         y = run_stack(self.layers, y, self.config, rngs,
                       lambda layer, y, rngs: layer(y, encoded, self_bias, cross_bias, rngs))
@@ -358,7 +395,8 @@ class Decoder(nnx.Module):
         for layer in self.layers:
             cross_key, cross_value = layer.encoder_decoder_attention.project_kv(encoded)
             layers.append({"self_key": empty, "self_value": empty, "cross_key": cross_key, "cross_value": cross_value})
-        return {"layers": layers, "encoder_valid": encoder_input_tokens > 0, "index": jnp.zeros((), jnp.int32)}
+        return {"layers": layers, "encoder_valid": encoder_valid(c, encoder_input_tokens),
+                "index": jnp.zeros((), jnp.int32)}
 
     def step(self, embedder: Embed, token, cache: dict):
         """Token [b] at position `cache['index']` -> (logits [b, v], the updated cache)."""

@@ -31,6 +31,7 @@ import typing
 import jax
 import jax.numpy as jnp
 
+from t5nb import adapters
 from t5nb import mesh as mesh_lib
 from t5nb.config import T5Config, get_config
 from t5nb.train import TrainConfig, Trainer, train
@@ -309,9 +310,12 @@ def checkpoint_config(path: str) -> T5Config:
 
 
 def initial_params(path: str, config: T5Config, mesh=None) -> dict:
-    """The parameters of checkpoint `path` (see `Run.init_checkpoint`), checked against `config`."""
+    """The parameters of checkpoint `path` (see `Run.init_checkpoint`), checked against `config`;
+    for a model with adapters, the checkpoint is their base, and fresh adapters are added."""
     from t5nb import checkpoints, evaluate
 
+    if adapters.has_adapters(config):
+        return adapters.add_adapters(initial_params(path, adapters.base_config(config), mesh), config)
     kind = checkpoint_kind(path)
     if kind == "t5x":
         params = checkpoints.read_t5x_checkpoint(path)
@@ -357,6 +361,16 @@ def feature_lengths(recipe: Recipe) -> dict:
     return {"inputs": recipe.data.inputs_length, "targets": recipe.data.targets_length}
 
 
+def restore_base(model_dir, trainer: Trainer) -> None:
+    """Give `trainer` (of a run with adapters, whose checkpoints hold only them) the frozen base
+    its `recipe.toml` names."""
+    path = pathlib.Path(model_dir) / "recipe.toml"
+    if not path.is_file():
+        raise FileNotFoundError(f"{model_dir}: its checkpoints hold only adapters, and no recipe.toml names their base")
+    init = load_recipe(path).run.init_checkpoint
+    trainer.init_state(None if init is None else initial_params(init, trainer.model_config, trainer.mesh))
+
+
 def make_trainer(recipe: Recipe) -> Trainer:
     """The recipe's model and optimizer on its mesh, with its axis rules."""
     return Trainer(recipe.model_config(), recipe.optimizer, recipe.make_mesh(), recipe.rules())
@@ -376,8 +390,8 @@ def run_recipe(recipe: Recipe, *, on_log=None, progress: bool = True, trainer: T
         raise ValueError("the trainer given differs from the recipe's model or optimizer")
     model_dir = pathlib.Path(recipe.run.model_dir)
     resuming = (model_dir / "checkpoints").is_dir() and any((model_dir / "checkpoints").iterdir())
-    params = None
-    if recipe.run.init_checkpoint and not resuming:
+    params = None  # a resumed run's checkpoints hold what it trained; its frozen base is read again
+    if recipe.run.init_checkpoint and not (resuming and not adapters.has_adapters(config)):
         params = initial_params(recipe.run.init_checkpoint, config, trainer.mesh)
     data = recipe.data
     batches = tasks.BatchIterator(data.task, feature_lengths(recipe), data.batch_size, pack=data.pack, seed=data.seed)

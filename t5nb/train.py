@@ -17,6 +17,7 @@ from clu import metric_writers
 from flax import nnx, struct
 from tqdm.auto import tqdm
 
+from t5nb import adapters
 from t5nb import mesh as mesh_lib
 from t5nb.config import EXECUTION_FIELDS, T5Config
 from t5nb.event_logs import logged_steps
@@ -105,7 +106,7 @@ def is_argmax(logits, targets):
 @struct.dataclass
 class TrainState:
     step: jax.Array
-    params: dict  # float32 arrays in t5nb's nested dict (`checkpoints.params_of`)
+    params: dict  # the trained float32 parameters in t5nb's nested dict (`checkpoints.params_of`): all, or the adapters
     opt_state: optax.OptState
 
 
@@ -116,7 +117,11 @@ def _loss_weights(batch):
 
 
 class Trainer:
-    """A model on a mesh, with its compiled, sharded train and eval steps."""
+    """A model on a mesh, with its compiled, sharded train and eval steps.
+
+    A model with adapters (`t5nb.adapters`: LoRA, a prompt) trains only those: the train state
+    holds them and their optimizer state, and `frozen` the rest, an input of the steps that gets
+    no gradient. `model(params)` joins the two."""
 
     def __init__(self, model_config: T5Config, train_config: TrainConfig, mesh=None,
                  rules=mesh_lib.STANDARD_RULES):
@@ -128,6 +133,8 @@ class Trainer:
         self.graphdef, abstract_params = nnx.split(abstract, nnx.Param)
         self.param_state = abstract_params  # keeps the logical axis metadata
         self.param_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(abstract_params, self.mesh, rules))
+        self.trainable_shardings, self.frozen_shardings = adapters.split(model_config, self.param_shardings)
+        self._frozen = None if adapters.has_adapters(model_config) else {}
         self.batch_sharding = mesh_lib.batch_sharding(self.mesh)
         self._replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         self.compile_seconds = None
@@ -144,19 +151,31 @@ class Trainer:
         return jax.jit(create, out_shardings=self.param_shardings)()
 
     def init_state(self, params: dict | None = None) -> TrainState:
-        """Step 0 with a copy of `params` (e.g. from a checkpoint; the train step donates its
-        state, the caller's arrays survive) or a fresh initialisation."""
+        """Step 0 with a copy of `params` (all of the model's, e.g. from a checkpoint; the train
+        step donates its state, the caller's arrays survive) or a fresh initialisation. With
+        adapters, their frozen base becomes `frozen`."""
         params = self.init_params() if params is None else jax.device_put(jax.tree.map(jnp.copy, params),
                                                                            self.param_shardings)
+        params, self._frozen = adapters.split(self.model_config, params)
         opt_state = jax.jit(self.optimizer.init, out_shardings=self._opt_state_shardings(params))(params)
         step = jax.device_put(jnp.zeros((), jnp.int32), self._replicated)
         return TrainState(step=step, params=params, opt_state=opt_state)
 
+    @property
+    def frozen(self) -> dict:
+        """The parameters that do not train: none, or an adapted model's base (from `init_state`;
+        before it, the seed's initialisation)."""
+        if self._frozen is None:
+            self._frozen = adapters.split(self.model_config, self.init_params())[1]
+        return self._frozen
+
     def abstract_state(self) -> TrainState:
         """The train state's shapes, dtypes and shardings, nothing allocated: what to restore into."""
-        abstract = jax.eval_shape(self.init_state)
-        shardings = TrainState(step=self._replicated, params=self.param_shardings,
-                               opt_state=self._opt_state_shardings(abstract.params))
+        params = adapters.split(self.model_config, jax.eval_shape(self.init_params))[0]
+        abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
+                              opt_state=jax.eval_shape(self.optimizer.init, params))
+        shardings = TrainState(step=self._replicated, params=self.trainable_shardings,
+                               opt_state=self._opt_state_shardings(params))
         return jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                             abstract, shardings)
 
@@ -167,13 +186,14 @@ class Trainer:
         return optax.tree_map_params(
             self.optimizer,
             lambda leaf, param, sharding: sharding if leaf.shape == param.shape else self._replicated,
-            abstract, params, self.param_shardings,
+            abstract, params, self.trainable_shardings,
             transform_non_params=lambda _: self._replicated)
 
     def model(self, params) -> Transformer:
-        """The NNX module holding `params` (for decoding, inspection, export)."""
+        """The NNX module holding `params` (for decoding, inspection, export), joined with
+        `frozen` if they are a train state's trained parameters."""
         state = jax.tree.map(lambda x: x, self.param_state)  # a fresh copy of the template
-        nnx.replace_by_pure_dict(state, params)
+        nnx.replace_by_pure_dict(state, adapters.merge(self.frozen, params) if self.frozen else params)
         return nnx.merge(self.graphdef, state)
 
     def shard_batch(self, batch: dict) -> dict:
@@ -189,9 +209,10 @@ class Trainer:
                 for name, array in batch.items()}
 
     # -- steps ---------------------------------------------------------------------------
-    def _sums(self, params, batch, dropout_key):
-        """Summed loss (what we differentiate) and the metric sums of one (micro)batch."""
-        model = self.model(params)
+    def _sums(self, params, frozen, batch, dropout_key):
+        """Summed loss (what we differentiate, with respect to `params`) and the metric sums of
+        one (micro)batch."""
+        model = self.model(adapters.merge(frozen, params))
         rngs = nnx.Rngs(dropout=dropout_key) if dropout_key is not None else None
         logits = model(batch["encoder_input_tokens"], batch["decoder_input_tokens"], batch["decoder_target_tokens"],
                        batch.get("encoder_segment_ids"), batch.get("decoder_segment_ids"), rngs=rngs)
@@ -203,23 +224,24 @@ class Trainer:
                 "sequences": jnp.sum(jnp.any(weights > 0, axis=-1))}
         return sums["loss"], sums
 
-    def _train_step_fn(self, state: TrainState, batch):
+    def _train_step_fn(self, state: TrainState, frozen: dict, batch):
         cfg = self.train_config
         dropout_key = (jax.random.fold_in(jax.random.key(cfg.seed), state.step)
                        if self.model_config.dropout_rate > 0 else None)
         grad_fn = jax.grad(self._sums, has_aux=True)
         if cfg.grad_accum_steps == 1:
-            grads, sums = grad_fn(state.params, batch, dropout_key)
+            grads, sums = grad_fn(state.params, frozen, batch, dropout_key)
         else:
             micro = jax.tree.map(lambda x: x.reshape(cfg.grad_accum_steps, -1, *x.shape[1:]), batch)
 
             def accumulate(carry, inputs):
                 index, microbatch = inputs
                 key = None if dropout_key is None else jax.random.fold_in(dropout_key, index)
-                grads, sums = grad_fn(state.params, microbatch, key)
+                grads, sums = grad_fn(state.params, frozen, microbatch, key)
                 return jax.tree.map(jnp.add, carry, (grads, sums)), None
 
-            zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro), dropout_key))
+            zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, state.params, frozen,
+                                                                jax.tree.map(lambda x: x[0], micro), dropout_key))
             (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(cfg.grad_accum_steps), micro))
         normalizer = cfg.loss_normalizing_factor or jnp.maximum(sums["weight"], 1.0)
         grads = jax.tree.map(lambda g: g / normalizer, grads)
@@ -233,10 +255,13 @@ class Trainer:
         """The train step compiled for `state` and `batch`: arrays, or `ShapeDtypeStruct`s with
         shardings (`abstract_state()`), which compile it without allocating anything."""
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
-        jitted = jax.jit(self._train_step_fn, in_shardings=(state_shardings, self.batch_sharding),
+        frozen = adapters.split(self.model_config, jax.eval_shape(self.init_params))[1]  # abstract, as state may be
+        frozen = jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
+                              frozen, self.frozen_shardings)
+        jitted = jax.jit(self._train_step_fn, in_shardings=(state_shardings, self.frozen_shardings, self.batch_sharding),
                          out_shardings=(state_shardings, None), donate_argnums=0)
         with mesh_lib.activation_sharding(self.mesh, self.rules):
-            return jitted.lower(state, batch).compile()
+            return jitted.lower(state, frozen, batch).compile()
 
     def train_step(self, state: TrainState, batch: dict):
         """One optimizer step on a sharded batch; returns the new state and metric sums."""
@@ -244,14 +269,15 @@ class Trainer:
             start = time.perf_counter()
             self._train_step = self.compile_train_step(state, batch)
             self.compile_seconds = time.perf_counter() - start
-        return self._train_step(state, batch)
+        return self._train_step(state, self.frozen, batch)
 
     def eval_step(self, params: dict, batch: dict) -> dict:
-        """Teacher-forced metric sums on a batch (T5X's train_eval)."""
+        """Teacher-forced metric sums on a batch (T5X's train_eval); `params` as the state holds them."""
         if self._eval_step is None:
             with mesh_lib.activation_sharding(self.mesh, self.rules):
-                self._eval_step = jax.jit(lambda p, b: self._sums(p, b, None)[1]).lower(params, batch).compile()
-        return self._eval_step(params, batch)
+                self._eval_step = jax.jit(lambda p, f, b: self._sums(p, f, b, None)[1]).lower(
+                    params, self.frozen, batch).compile()
+        return self._eval_step(params, self.frozen, batch)
 
     def step_flops(self) -> float | None:
         """FLOPs of one train step from XLA's cost analysis of the compiled step."""

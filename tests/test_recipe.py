@@ -114,12 +114,12 @@ def test_multi_host_flags_go_together(capsys):
 
 
 # -- runs of the command -----------------------------------------------------------------------
-def start(tmp_path, model_dir, name, *extra, devices=1, delay=0.0):
-    """`t5nb train` of the small course recipe into `model_dir`, in its own process."""
+def start(tmp_path, model_dir, name, *extra, devices=1, delay=0.0, changes=()):
+    """`t5nb train` of the small course recipe (with `changes`) into `model_dir`, in its own process."""
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
            "JAX_COMPILATION_CACHE_DIR": str(tmp_path.parent / "jax_cache"),
            "T5NB_TEST_BATCHES_OUT": str(tmp_path / f"{name}.batches"), "T5NB_TEST_BATCH_DELAY": str(delay)}
-    settings = [value for assignment in SMALL + [f"run.model_dir={model_dir}"] for value in ("--set", assignment)]
+    settings = [value for assignment in [*SMALL, *changes, f"run.model_dir={model_dir}"] for value in ("--set", assignment)]
     return subprocess.Popen([sys.executable, str(COMMAND), "train", str(COURSE), *settings, *map(str, extra)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -169,19 +169,34 @@ def assert_same_params(expected: dict, got: dict):
         assert np.array_equal(expected[name], got[name]), name
 
 
-def test_the_command_resumes_after_sigkill_bit_exactly(tmp_path, straight):
-    model_dir = tmp_path / "run"
-    process = start(tmp_path, model_dir, "killed", devices=2, delay=0.3)
+def kill_and_resume(tmp_path, model_dir, devices=1, changes=()) -> str:
+    """Start the run, SIGKILL it once its step 4 is saved, start it again; the second's output."""
+    process = start(tmp_path, model_dir, "killed", devices=devices, delay=0.3, changes=changes)
     wait_for_checkpoint(process, model_dir, 4)
     process.send_signal(signal.SIGKILL)
     process.wait()
     resumed_from = max(int(p.name) for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit())
     assert 4 <= resumed_from < 12
-    output = finish(start(tmp_path, model_dir, "resumed", devices=2))
+    return finish(start(tmp_path, model_dir, "resumed", devices=devices, changes=changes))
+
+
+def test_the_command_resumes_after_sigkill_bit_exactly(tmp_path, straight):
+    model_dir = tmp_path / "run"
+    output = kill_and_resume(tmp_path, model_dir, devices=2)
     assert f"{model_dir}: step 12" in output
     assert_same_params(straight[0], final_params(model_dir))
     assert (model_dir / "recipe.toml").read_text() == (straight[1] / "recipe.toml").read_text().replace(
         str(straight[1]), str(model_dir))
+
+
+def test_a_lora_run_resumes_after_sigkill_bit_exactly(tmp_path, straight):
+    """LoRA on the straight run's model: its checkpoints hold the adapters, its base is read again."""
+    lora = [f"run.init_checkpoint={straight[1]}", "model.lora_rank=2", "optimizer.learning_rate=0.01"]
+    finish(start(tmp_path, tmp_path / "lora", "lora", changes=lora))
+    kill_and_resume(tmp_path, tmp_path / "resumed", changes=lora)
+    expected, got = final_params(tmp_path / "lora"), final_params(tmp_path / "resumed")
+    assert_same_params(expected, got)
+    assert any(np.any(expected[name]) for name in expected if name.endswith("lora_b"))  # the adapters trained
 
 
 def test_two_processes_through_the_command_equal_one(tmp_path, straight):

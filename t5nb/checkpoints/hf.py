@@ -265,6 +265,11 @@ def load_hf(source) -> Transformer:
 
 def save_hf(model: Transformer, directory) -> None:
     """Write config.json + model.safetensors that `T5ForConditionalGeneration.from_pretrained` loads."""
+    if model.config.prompt_length:
+        raise CheckpointError("a model with a soft prompt has no Hugging Face T5 form (T5ForConditionalGeneration "
+                              "takes token ids only)")
+    if model.config.lora_rank:
+        raise CheckpointError("fold the model's LoRA into its kernels first: save_hf(t5nb.adapters.merged_model(model), ...)")
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
     tensors = {}
