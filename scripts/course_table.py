@@ -23,8 +23,10 @@ def headlines(r: dict) -> dict[str, str]:
     return {
         "02_pretraining": f"{pre['steps']:,} steps on span corruption + salient span masking; final loss "
                           f"{pre['final_loss']:.2f}, token accuracy {pre['final_accuracy']:.2f}",
-        "03_finetuning": f"fact check on held-out people: {fc['pretrained']['accuracy']:.1f}% from "
-                         f"pretrained, {fc['scratch']['accuracy']:.1f}% from scratch",
+        "03_finetuning": f"slot filling on held-out people: {fc['pretrained']['accuracy']:.1f}% from pretrained, "
+                         f"{fc['scratch']['accuracy']:.1f}% from scratch; from the first N training slots, "
+                         + ", ".join(f"N={n}: **{runs['pretrained']:.1f}%** vs {runs['scratch']:.1f}%"
+                                     for n, runs in fc["transfer"]["runs"].items()),
         "04_closed_book_qa": f"held-out-people EM **{qa['pretrained']['em']:.1f}%** from the pretrained model, "
                              f"**{qa['scratch']['em']:.1f}%** from random init ({qa['pretrained']['examples']:,} questions)",
         "05_evaluation": f"teacher-forced token accuracy {ev['teacher_forced']['accuracy']:.2f}; decoded EM "
@@ -32,13 +34,23 @@ def headlines(r: dict) -> dict[str, str]:
     }
 
 
+def methods(r: dict) -> list[str]:
+    """03's comparison of full fine-tuning, LoRA and prompt tuning, one row per method."""
+    rows = r["03_finetuning"]["fine_tuning_methods"]
+    return ["| 03: method | parameters trained | checkpoint | step | train step memory | held-out accuracy |",
+            "|---|---:|---:|---:|---:|---:|",
+            *(f"| {method} | {row['trained_parameters']:,} | {row['checkpoint_mb']:.2f} MB | {row['step_ms']:.0f} ms "
+              f"| {row['step_memory_mb']:.0f} MB | {row['accuracy']:.1f}% |" for method, row in rows.items())]
+
+
 def table(results: dict) -> str:
-    """The markdown between the markers: total wall time, then one row per training notebook."""
+    """The markdown between the markers: total wall time, one row per training notebook, and
+    03's fine-tuning methods."""
     total = sum(entry["wall_s"] for entry in results.values())
     rows = [f"| `{name}` | {results[name]['wall_s']:.0f} s | {line} |" for name, line in headlines(results).items()]
     return "\n".join([f"`make course` took {int(total // 60)} min {total % 60:.0f} s in all "
                       "(`docs/course_results.json` holds its numbers):", "",
-                      "| notebook | wall | headline |", "|---|---:|---|", *rows])
+                      "| notebook | wall | headline |", "|---|---:|---|", *rows, "", *methods(results)])
 
 
 def render(readme: str, results: dict) -> str:

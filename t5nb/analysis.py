@@ -9,11 +9,6 @@ from tqdm.auto import tqdm
 from t5nb.tasks import world
 
 
-def first_answer(target) -> str:
-    """A predictions file's target: the answer, or the first of the accepted answers."""
-    return target[0] if isinstance(target, list) else target
-
-
 def with_correctness(predictions: pd.DataFrame) -> pd.DataFrame:
     """`predictions` plus `correct`: the prediction equals one of the accepted answers after
     T5's SQuAD normalisation (per question, the exact match `t5.evaluation.metrics.squad` averages)."""
@@ -62,14 +57,3 @@ def accuracy_by_quantiles(scored: pd.DataFrame, column: str, bins: int = 4) -> p
     known = scored.dropna(subset=[column])
     groups = pd.qcut(known[column], bins, duplicates="drop") if len(known) else known[column]
     return accuracy_by(known, groups)
-
-
-def confusion(predictions: pd.DataFrame, top: int = 10) -> pd.DataFrame:
-    """Counts of (gold answer, prediction) for a classification task: the `top` most frequent
-    gold answers as rows, the predictions as columns (any answer that is none of those rows'
-    labels counts under "(other)")."""
-    gold = predictions["target"].map(first_answer)
-    labels = gold.value_counts().index[:top]
-    predicted = predictions["prediction"].where(predictions["prediction"].isin(labels), "(other)")
-    keep = gold.isin(labels)
-    return pd.crosstab(gold[keep].rename("gold"), predicted[keep].rename("predicted"))

@@ -8,7 +8,6 @@ import jax
 import numpy as np
 
 from t5nb import checkpoints, config, tasks
-from t5nb.analysis import first_answer
 
 
 def _parameters(preset: str, **changes) -> int:
@@ -31,8 +30,8 @@ EXERCISES = {
     "02.2": ("steps at which the pretraining run keeps checkpoints, ascending",
              lambda model_dir: sorted(int(p.name) for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit()),
              None),
-    "03.1": ("accuracy (%) of always answering `true` on the pretrained run's validation predictions",
-             lambda predictions: 100 * float(np.mean([first_answer(t) == "true" for t in predictions["target"]])), 1e-6),
+    "03.1": ("the number of parameters the LoRA run trains",
+             lambda methods: methods["lora"]["trained_parameters"], None),
     "03.2": ("the run ('pretrained' or 'scratch') whose final validation loss exceeds its final training loss more",
              lambda runs: max(runs, key=lambda name: runs[name].train_eval[-1][1]["loss"] - runs[name].history[-1]["loss"]),
              None),

@@ -1,4 +1,5 @@
-"""A live training plot for notebooks (d2l's Animator, redrawn only at the loop's log points)."""
+"""Notebook plots: a live training plot (d2l's Animator, redrawn only at the loop's log points), 03's
+sample-efficiency curve and its comparison of fine-tuning methods."""
 import matplotlib.pyplot as plt
 
 from t5nb.train import DECODED, VALIDATION
@@ -71,3 +72,29 @@ class LivePlot:
             self._handle = display(self.figure, display_id=True)
         else:
             self._handle.update(self.figure)
+
+
+def sample_efficiency(curve: dict, title: str | None = None):
+    """`workflow.sample_efficiency`'s curve: the task's metric against the number of training
+    examples (log scale), one line from the pretrained model and one from random initialisation."""
+    figure, axis = plt.subplots(figsize=(5.0, 3.4))
+    sizes = sorted(curve["runs"], key=int)
+    for start in ("pretrained", "scratch"):
+        axis.plot([int(n) for n in sizes], [curve["runs"][n][start] for n in sizes], marker="o", label=f"from {start}")
+    axis.set(xscale="log", xlabel="training examples", ylabel=f"held-out {curve['metric']}", title=title)
+    axis.legend()
+    plt.close(figure)
+    return figure
+
+
+def fine_tuning_methods(table: dict, metric: str):
+    """`workflow.compare_fine_tuning`'s table: the task's metric against the parameters each
+    method trains (log scale)."""
+    figure, axis = plt.subplots(figsize=(5.0, 3.4))
+    for method, row in table.items():
+        axis.scatter(row["trained_parameters"], row[metric], s=60)
+        axis.annotate(method, (row["trained_parameters"], row[metric]), textcoords="offset points", xytext=(6, 4))
+    axis.set(xscale="log", xlabel="parameters trained", ylabel=f"held-out {metric}",
+             title="full fine-tuning, LoRA, prompt tuning")
+    plt.close(figure)
+    return figure

@@ -22,6 +22,8 @@ class Profile:
     pretrain_task: str
     qa_task: str
     finetune_task: str  # the downstream task of 03_finetuning
+    transfer_sizes: list  # 03's sample-efficiency curve: fine-tuning on the task's first N examples, each N
+    transfer_steps: int  # steps of each run of that curve
     batch_size: int
     inputs_length: int
     targets_length: int

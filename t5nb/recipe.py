@@ -282,8 +282,7 @@ def default_vocab_size(task) -> int:
     from t5nb import tasks
 
     vocabulary = tasks.get_task(task).output_features["targets"].vocabulary
-    official = getattr(vocabulary, "sentencepiece_model_file", None) == tasks.vocab.official_spm_path()
-    return 32128 if official else vocabulary.vocab_size
+    return 32128 if tasks.vocab.is_official(vocabulary) else vocabulary.vocab_size
 
 
 def checkpoint_kind(path: str) -> str:

@@ -39,6 +39,9 @@ class TrainConfig:
     learning_rate: float | None = None  # fine-tuning: 1e-3 constant, as in T5X
     warmup_steps: int = 10_000
     optimizer: str = "adafactor"  # or "adamw"
+    # Adafactor's steps relative to each parameter's scale (T5X's default); off for adapters that
+    # start at zero (LoRA's B), as prompt tuning (Lester et al. 2021) turns it off
+    parameter_scale: bool = True
     z_loss: float = 1e-4
     label_smoothing: float = 0.0
     loss_normalizing_factor: float | None = None  # 233472 (2048*114) for MTF checkpoints
@@ -76,7 +79,7 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     schedule = learning_rate_schedule(config)
     if config.optimizer == "adafactor":
         return optax.adafactor(schedule, decay_rate=0.8, clipping_threshold=1.0,
-                               multiply_by_parameter_scale=True, min_dim_size_to_factor=128)
+                               multiply_by_parameter_scale=config.parameter_scale, min_dim_size_to_factor=128)
     return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
 
 
@@ -278,6 +281,15 @@ class Trainer:
                 self._eval_step = jax.jit(lambda p, f, b: self._sums(p, f, b, None)[1]).lower(
                     params, self.frozen, batch).compile()
         return self._eval_step(params, self.frozen, batch)
+
+    def train_step_memory(self, batch: dict) -> int:
+        """Bytes of the compiled train step at its peak, as XLA plans them: arguments (state,
+        frozen parameters, batch), outputs and temporaries, less what outputs reuse of arguments.
+        Compiles the step for `batch` (numpy, this process's rows) unless it has run."""
+        compiled = self._train_step or self.compile_train_step(self.abstract_state(), self.shard_batch(batch))
+        memory = compiled.memory_analysis()
+        return (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+                - memory.alias_size_in_bytes)
 
     def step_flops(self) -> float | None:
         """FLOPs of one train step from XLA's cost analysis of the compiled step."""

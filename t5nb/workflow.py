@@ -11,8 +11,9 @@ import os
 import pathlib
 
 import jax
+import numpy as np
 
-from t5nb import evaluate, tasks
+from t5nb import adapters, evaluate, tasks
 from t5nb.paths import REPO_ROOT
 from t5nb.profiles import Profile
 from t5nb.recipe import Data, Recipe, Run, is_t5x_checkpoint, make_trainer, run_recipe
@@ -103,12 +104,15 @@ def pretrained_checkpoint(profile: Profile, progress: bool = True) -> pathlib.Pa
 
 
 def finetune_recipe(profile: Profile, task, init, num_steps: int | None = None, name: str = "",
-                    learning_rate: float = 1e-3, checkpoint_every: int | None = None) -> Recipe:
+                    learning_rate: float = 1e-3, checkpoint_every: int | None = None,
+                    adapter: dict | None = None) -> Recipe:
     """Fine-tuning `init` (a checkpoint: a run or Hugging Face directory, `hf://<org>/<repo>`
     or a T5X checkpoint of the profile's preset; None: random initialisation) on `task`, T5X
     style: Adafactor at a constant learning rate 1e-3, no dropout; validation loss and the
     task's metrics on a decoded sample every `profile.eval_every` steps; the final state kept
-    (and one every `checkpoint_every` steps), into `finetune_dir(profile, task, name)`."""
+    (and one every `checkpoint_every` steps), into `finetune_dir(profile, task, name)`.
+    `adapter` (model fields such as `{"lora_rank": 8}`, see `t5nb.adapters`) trains adapters on
+    the frozen `init` instead, with Adafactor's steps not scaled by the parameters' size."""
     if init is not None and not isinstance(init, (str, os.PathLike)):
         raise TypeError(f"init must be a checkpoint's path (a run or Hugging Face directory, hf://<org>/<repo>, "
                         f"a T5X checkpoint), as pretrained_checkpoint returns it, or None for random "
@@ -118,9 +122,10 @@ def finetune_recipe(profile: Profile, task, init, num_steps: int | None = None, 
     steps = num_steps or profile.finetune_steps
     task = tasks.get_task(task).name
     lengths = finetune_lengths(profile)
-    return Recipe(model={"dropout_rate": 0.0} if own_config else {"preset": profile.model, "dropout_rate": 0.0},
+    model = {"dropout_rate": 0.0} if own_config else {"preset": profile.model, "dropout_rate": 0.0}
+    return Recipe(model={**model, **(adapter or {})},
                   data=Data(task, lengths["inputs"], lengths["targets"], profile.batch_size),
-                  optimizer=TrainConfig(learning_rate=learning_rate),
+                  optimizer=TrainConfig(learning_rate=learning_rate, parameter_scale=not adapter),
                   run=Run(str(finetune_dir(profile, task, name)), steps, init_checkpoint=init,
                           checkpoint_every=checkpoint_every or steps, log_every=25, eval_every=profile.eval_every,
                           eval_batches=profile.eval_batches, decoded_sample=profile.decoded_sample),
@@ -128,29 +133,80 @@ def finetune_recipe(profile: Profile, task, init, num_steps: int | None = None, 
 
 
 def finetune(profile: Profile, task, init, num_steps: int | None = None, name: str = "",
-             learning_rate: float = 1e-3, checkpoint_every: int | None = None, on_log=None, progress: bool = True):
+             learning_rate: float = 1e-3, checkpoint_every: int | None = None, on_log=None, progress: bool = True,
+             adapter: dict | None = None):
     """Run `finetune_recipe` (see there). The run directory is one `t5nb eval` and `t5nb infer`
     take, and calling again resumes it. Returns (trainer, TrainResult)."""
-    recipe = finetune_recipe(profile, task, init, num_steps, name, learning_rate, checkpoint_every)
+    recipe = finetune_recipe(profile, task, init, num_steps, name, learning_rate, checkpoint_every, adapter)
     return run_recipe(recipe, on_log=on_log, progress=progress)
 
 
-def finetune_and_evaluate(profile: Profile, task, init, name: str, on_log=None,
-                          num_steps: int | None = None, split: str = "validation"):
-    """Fine-tune (see `finetune`), then decode `split` and score it with the task's own metrics
-    (`evaluate.infer_eval`). Returns (trainer, TrainResult, metrics)."""
+def finetune_and_evaluate(profile: Profile, task, init, name: str, on_log=None, num_steps: int | None = None,
+                          split: str = "validation", record: bool = True, **finetune_args):
+    """Fine-tune (see `finetune`, which takes `finetune_args`), then decode `split` and score it
+    with the task's own metrics (`evaluate.infer_eval`); `record`: as the notebook's headline
+    `name`. Returns (trainer, TrainResult, metrics)."""
     splits = tasks.get_task(task).splits
     if split not in splits:  # before training, not after
         raise ValueError(f"task {tasks.get_task(task).name!r} has no split {split!r} to evaluate on; "
                          f"its splits: {', '.join(splits)}")
-    trainer, result = finetune(profile, task, init, num_steps=num_steps, name=name, on_log=on_log)
+    trainer, result = finetune(profile, task, init, num_steps=num_steps, name=name, on_log=on_log, **finetune_args)
     step = int(jax.device_get(result.state.step))
     metrics = evaluate.infer_eval(trainer.model(result.state.params), task, result.model_dir, step=step,
                                   feature_lengths=finetune_lengths(profile), batch_size=64, split=split,
                                   max_examples=profile.eval_examples)
-    record_headline(**{name: {**metrics, "final_loss": result.history[-1]["loss"],
-                              "examples": len(evaluate.read_predictions(result.model_dir, task, step))}})
+    if record:
+        record_headline(**{name: {**metrics, "final_loss": result.history[-1]["loss"],
+                                  "examples": len(evaluate.read_predictions(result.model_dir, task, step))}})
     return trainer, result, metrics
+
+
+def sample_efficiency(profile: Profile, init) -> dict:
+    """The profile's fine-tuning task learned from its first N training examples, for each N of
+    `profile.transfer_sizes` (`profile.transfer_steps` steps each), from `init` and from random
+    initialisation, each scored on the whole validation split with the task's first metric:
+    `{"metric": name, "runs": {N: {"pretrained": score, "scratch": score}}}`, recorded as the
+    notebook's `transfer` headline."""
+    runs, metric = {}, None
+    for size in profile.transfer_sizes:
+        subset = tasks.first_examples(profile.finetune_task, size)
+        for name, start in (("pretrained", init), ("scratch", None)):
+            _, _, metrics = finetune_and_evaluate(profile, subset, start, name=name, num_steps=profile.transfer_steps,
+                                                  record=False)
+            metric = metric or next(iter(metrics))
+            runs.setdefault(size, {})[name] = metrics[metric]
+    curve = {"metric": metric, "runs": runs}
+    record_headline(transfer=curve)
+    return curve
+
+
+# How 03 fine-tunes with adapters, chosen on the cpu profile's slot filling: LoRA of rank 8 on the
+# attention's query and value (Hugging Face peft's default for T5) at 1e-3 (at 1e-2 it diverged),
+# a 20-vector prompt at 0.3, Lester et al.'s rate. "full" is plain fine-tuning, T5X's 1e-3.
+FINE_TUNING_METHODS = {"full": (None, 1e-3), "lora": ({"lora_rank": 8}, 1e-3), "prompt": ({"prompt_length": 20}, 0.3)}
+
+
+def compare_fine_tuning(profile: Profile, init) -> dict:
+    """Full fine-tuning, LoRA and prompt tuning (`FINE_TUNING_METHODS`) of `init` on the profile's
+    fine-tuning task, the same steps each; per method: parameters trained, checkpoint (train
+    state) size, step time, the compiled train step's memory and the task's metrics, recorded as
+    the notebook's `fine_tuning_methods` headline. "full" is the run `finetune_and_evaluate(...,
+    name="pretrained")` makes, resumed if it exists."""
+    table = {}
+    for method, (adapter, learning_rate) in FINE_TUNING_METHODS.items():
+        trainer, result, metrics = finetune_and_evaluate(
+            profile, profile.finetune_task, init, name="pretrained" if method == "full" else method, record=False,
+            adapter=adapter, learning_rate=learning_rate)
+        state = result.model_dir / "checkpoints" / str(int(jax.device_get(result.state.step))) / "state"
+        batch = next(tasks.BatchIterator(profile.finetune_task, finetune_lengths(profile), profile.batch_size))
+        table[method] = {
+            "trained_parameters": adapters.count(result.state.params),
+            "checkpoint_mb": sum(path.stat().st_size for path in state.rglob("*") if path.is_file()) / 2**20,
+            "step_ms": 1000 * float(np.median([profile.batch_size / h["seqs_per_s"] for h in result.history])),
+            "step_memory_mb": trainer.train_step_memory(batch) / 2**20,
+            **metrics}
+    record_headline(fine_tuning_methods=table)
+    return table
 
 
 def teacher_forced_and_decoded(profile: Profile, task, trainer: Trainer, result: TrainResult) -> tuple[dict, dict]:
@@ -168,6 +224,7 @@ def teacher_forced_and_decoded(profile: Profile, task, trainer: Trainer, result:
     return forced, decoded
 
 
-__all__ = ["TrainResult", "feature_lengths", "finetune", "finetune_and_evaluate", "finetune_dir", "finetune_lengths",
-           "finetune_recipe", "pretrain", "pretrained_checkpoint", "pretraining_batches", "pretraining_dir",
-           "pretraining_recipe", "pretraining_trainer", "record_headline", "runs_dir", "teacher_forced_and_decoded"]
+__all__ = ["FINE_TUNING_METHODS", "TrainResult", "compare_fine_tuning", "feature_lengths", "finetune",
+           "finetune_and_evaluate", "finetune_dir", "finetune_lengths", "finetune_recipe", "pretrain",
+           "pretrained_checkpoint", "pretraining_batches", "pretraining_dir", "pretraining_recipe",
+           "pretraining_trainer", "record_headline", "runs_dir", "sample_efficiency", "teacher_forced_and_decoded"]

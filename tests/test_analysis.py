@@ -61,11 +61,3 @@ def test_mention_counts_count_rows_of_the_very_batches_that_mention_each_name():
                 expected[name] += name in text
     assert counts.to_dict() == expected and counts["Nobody Atall"] == 0
     assert analysis.mention_counts(iter(()), vocabulary, [], 1000).empty  # no names: no batch is read
-
-
-def test_confusion_counts_gold_against_predicted_labels():
-    predictions = pd.DataFrame({"target": [["true"], ["true"], ["false"], ["false"], ["false"]],
-                                "prediction": ["true", "false", "false", "false", "maybe"]})
-    table = analysis.confusion(predictions)
-    assert table.to_dict("index") == {"false": {"(other)": 1, "false": 2, "true": 0},
-                                      "true": {"(other)": 0, "false": 1, "true": 1}}

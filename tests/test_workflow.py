@@ -146,3 +146,25 @@ def test_the_workflow_records_each_notebooks_headline_under_t5nb_course_only(mon
     _, result, metrics = workflow.finetune_and_evaluate(profile, profile.qa_task, None, name="scratch", num_steps=2)
     recorded = json.loads(headline.read_text())["scratch"]
     assert recorded == {**metrics, "final_loss": result.history[-1]["loss"], "examples": profile.eval_examples}
+
+
+def test_the_sample_efficiency_curve_and_the_fine_tuning_methods_are_recorded(monkeypatch):
+    profile = t5nb.get_profile("ci")
+    monkeypatch.setenv("T5NB_NOTEBOOK", "03_finetuning")
+    _, base = workflow.finetune(profile, tasks.QA, None, num_steps=2, name="base", progress=False)
+    curve = workflow.sample_efficiency(profile, base.model_dir)
+    assert curve["metric"] == "accuracy" and list(curve["runs"]) == profile.transfer_sizes
+    assert all(set(scores) == {"pretrained", "scratch"} for scores in curve["runs"].values())
+    for size in profile.transfer_sizes:  # each run trained on exactly its first N examples
+        task = tasks.get_task(tasks.first_examples(profile.finetune_task, size))
+        assert sum(1 for _ in task.source.get_dataset(split="train")) == size
+    table = workflow.compare_fine_tuning(profile, base.model_dir)
+    assert list(table) == ["full", "lora", "prompt"]
+    trained = {method: row["trained_parameters"] for method, row in table.items()}
+    config = workflow.finetune_recipe(profile, profile.finetune_task, base.model_dir).model_config()
+    assert trained["full"] == sum(np.size(v) for v in checkpoints.flatten(checkpoints.abstract_params(config)).values())
+    assert trained["prompt"] == 20 * config.emb_dim < trained["lora"] < trained["full"]
+    assert table["prompt"]["checkpoint_mb"] < table["full"]["checkpoint_mb"]
+    assert all(row["step_ms"] > 0 and row["step_memory_mb"] > 0 and "accuracy" in row for row in table.values())
+    recorded = json.loads((workflow.runs_dir() / "headlines" / "03_finetuning.json").read_text())
+    assert recorded["transfer"] == json.loads(json.dumps(curve)) and recorded["fine_tuning_methods"] == table

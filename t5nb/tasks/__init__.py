@@ -2,8 +2,8 @@
 
 Importing registers the facts tasks and the real tasks (idempotently):
 
-- `facts_span_corruption`, `facts_salient_span_masking`, `facts_qa`, `facts_fact_check` and
-  the mixture `facts_pretraining` (and `..._byte`): see `offline`;
+- `facts_span_corruption`, `facts_salient_span_masking`, `facts_qa`, `facts_fact_check`,
+  `facts_slot_filling` and the mixture `facts_pretraining` (and `..._byte`): see `offline`;
 - `c4_span_corruption`, `wmt14_ende`, `nq_open`, `triviaqa_nocontext`, mixture
   `closed_book_qa` (and `..._byte`): see `real`.
 """
@@ -11,9 +11,9 @@ from t5nb import _tensorflow  # noqa: F401, I001  (first: TensorFlow for tf.data
 from t5nb.tasks.batching import (BatchIterator, Preview, Previews, as_text, get_dataset, preview,
                                  validation_batches)
 from t5nb.tasks.custom import TaskDataError, describe, read_examples, read_rows, register_task, token_lengths
-from t5nb.tasks.offline import FACT_CHECK, QA, SPAN_CORRUPTION, register_facts_tasks
+from t5nb.tasks.offline import FACT_CHECK, QA, SLOT_FILLING, SPAN_CORRUPTION, register_facts_tasks
 from t5nb.tasks.real import register_nq_open_jsonl, register_real_tasks, register_triviaqa_jsonl
-from t5nb.tasks.recipes import TaskNameError, get_task
+from t5nb.tasks.recipes import TaskNameError, first_examples, get_task
 from t5nb.tasks.vocab import (FACTS_SPM_PATH, check_vocabulary, describe_vocabulary, get_vocabulary,
                              shared_data_dir)
 
@@ -23,8 +23,9 @@ register_real_tasks("t5")
 register_real_tasks("byte", suffix="_byte")
 
 __all__ = [
-    "BatchIterator", "FACTS_SPM_PATH", "FACT_CHECK", "Preview", "Previews", "QA", "SPAN_CORRUPTION", "TaskDataError",
-    "TaskNameError", "as_text", "check_vocabulary", "describe", "describe_vocabulary", "get_dataset", "get_task",
+    "BatchIterator", "FACTS_SPM_PATH", "FACT_CHECK", "Preview", "Previews", "QA", "SLOT_FILLING", "SPAN_CORRUPTION",
+    "TaskDataError", "TaskNameError", "as_text", "check_vocabulary", "describe", "describe_vocabulary",
+    "first_examples", "get_dataset", "get_task",
     "get_vocabulary", "preview", "read_examples", "read_rows", "register_facts_tasks", "register_nq_open_jsonl",
     "register_real_tasks", "register_task", "register_triviaqa_jsonl", "shared_data_dir", "token_lengths",
     "validation_batches",

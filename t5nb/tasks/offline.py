@@ -7,6 +7,7 @@
 | `facts_pretraining` | mixture: span corruption + salient span masking, about half the tokens each |
 | `facts_qa` | `trivia question: <question>` -> answer; validation = held-out people; EM/F1 |
 | `facts_fact_check` | `fact check: <statement>` -> `true`/`false`; validation = held-out people |
+| `facts_slot_filling` | `slot filling: <name>; <relation>` -> the value (KILT's slot filling); validation = held-out people; accuracy |
 
 With the byte vocabulary the names end in `_byte` (`facts_qa_byte`, ...).
 """
@@ -24,6 +25,7 @@ PRETRAINING = "facts_pretraining"
 PRETRAINING_RATES = {SPAN_CORRUPTION: 1.0, SALIENT_SPAN_MASKING: 8.0}
 QA = "facts_qa"
 FACT_CHECK = "facts_fact_check"
+SLOT_FILLING = "facts_slot_filling"
 
 
 def _splits(stem: str, fields: dict) -> dict:
@@ -31,7 +33,7 @@ def _splits(stem: str, fields: dict) -> dict:
 
 
 def register_facts_tasks() -> list[str]:
-    """Register the four facts tasks and the pretraining mixture for every vocabulary (again: a
+    """Register the five facts tasks and the pretraining mixture for every vocabulary (again: a
     no-op); return the names."""
     corpus = {"train": read_examples(DATA_DIR / "facts_corpus.txt"),
               "validation": read_examples(DATA_DIR / "facts_corpus_validation.txt")}
@@ -40,6 +42,9 @@ def register_facts_tasks() -> list[str]:
                         for split, paragraphs in corpus.items()}
     qa = _splits("facts_qa", {"inputs": "question", "targets": "answer"})
     fact_check = _splits("facts_fact_check", {"inputs": "statement", "targets": "label"})
+    people = world.read_people(DATA_DIR / "facts.jsonl")
+    slots = {split: [{"inputs": row["slot"], "targets": row["value"]} for row in world.slot_filling_examples(people, name)]
+             for split, name in (("train", "train"), ("validation", "heldout"))}
     names = []
     for vocabulary, suffix in VOCABULARY_SUFFIXES.items():
         for name, examples, kwargs in (
@@ -48,6 +53,7 @@ def register_facts_tasks() -> list[str]:
              dict(objective="salient_span_masking", salient_spans=world.salient_spans_pattern())),
             (QA, qa, dict(objective="supervised", prefix=world.QA_PREFIX, metric="squad")),
             (FACT_CHECK, fact_check, dict(objective="supervised", prefix=world.FACT_CHECK_PREFIX, metric="accuracy")),
+            (SLOT_FILLING, slots, dict(objective="supervised", prefix=world.SLOT_FILLING_PREFIX, metric="accuracy")),
         ):
             add_task(name + suffix, in_memory_source(examples), vocabulary=vocabulary, exist_ok=True, **kwargs)
             names.append(name + suffix)

@@ -136,6 +136,25 @@ def add_mixture(name: str, tasks: list, **kwargs) -> seqio.Mixture:
     return seqio.get_mixture_or_task(name)
 
 
+def first_examples(task, count: int) -> str:
+    """The name of `task` trained on only the first `count` examples of its train split (in its
+    source's order; its other splits whole), registered as `<task>_first<count>` on first use:
+    the training sets of a sample-efficiency curve."""
+    task = get_task(task)
+    name = f"{task.name}_first{count}"
+    if name not in seqio.TaskRegistry.names():
+        source = task.source
+
+        def dataset_fn(split, shuffle_files, seed=None):
+            dataset = source.get_dataset(split=split, shuffle=False)
+            return dataset.take(count) if split == "train" else dataset
+
+        seqio.TaskRegistry.add(name, source=seqio.FunctionDataSource(dataset_fn, splits=source.splits),
+                               preprocessors=task.preprocessors, output_features=task.output_features,
+                               postprocess_fn=task.postprocessor, metric_fns=task.metric_fns)
+    return name
+
+
 def get_task(name_or_task) -> seqio.Task | seqio.Mixture:
     """A registered task or mixture, or a `TaskNameError` that suggests close names."""
     if isinstance(name_or_task, seqio.DatasetProviderBase):

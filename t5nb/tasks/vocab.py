@@ -60,7 +60,11 @@ def official_spm_path() -> str:
 
 
 class FetchedVocabulary(seqio.SentencePieceVocabulary):
-    """A SentencePiece model named by a remote URL: fetched when first used, never at import."""
+    """A SentencePiece model named by a remote URL (`url`): fetched when first used, never at import."""
+
+    def __init__(self, url: str, **kwargs):
+        super().__init__(url, **kwargs)
+        self.url = url
 
     def _model_context(self):
         if self._model is None and "://" in self._sentencepiece_model_file:
@@ -81,6 +85,12 @@ def get_vocabulary(name: str = "facts") -> seqio.Vocabulary:
         raise FileNotFoundError(f"vocabulary {name!r}: no SentencePiece model file {path!r}; use 'facts', "
                                 "'byte', 't5' or the path of a .model file")
     return seqio.SentencePieceVocabulary(path, extra_ids=EXTRA_IDS)
+
+
+def is_official(vocabulary: seqio.Vocabulary) -> bool:
+    """Whether `vocabulary` is T5's own (`get_vocabulary("t5")`: the local copy or the Hub's)."""
+    source = getattr(vocabulary, "url", getattr(vocabulary, "sentencepiece_model_file", None))
+    return source in (OFFICIAL_SPM_URL, str(shared_data_dir() / OFFICIAL_SPM_NAME))
 
 
 def describe_vocabulary(vocabulary: seqio.Vocabulary) -> str:

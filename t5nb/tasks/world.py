@@ -28,6 +28,7 @@ PARAGRAPHS_PER_PERSON = 6
 HELDOUT_FRACTION = 0.5
 QA_PREFIX = "trivia question: "
 FACT_CHECK_PREFIX = "fact check: "
+SLOT_FILLING_PREFIX = "slot filling: "
 
 FIRST_NAMES = (
     "Ada Bran Cato Dara Elin Faro Gida Hale Iren Jory Kael Lira Moro Nela Orin Pella Quin Rosa "
@@ -221,6 +222,28 @@ def fact_check_examples(people: list[Person], split: str, seed: int = SEED) -> l
             examples.append({"statement": statement(person, relation, false_value, rng), "label": "false"})
     rng.shuffle(examples)
     return examples
+
+
+SLOT_NAMES = {"birth_city": "birthplace", "employer": "employer", "birth_year": "birth year",
+              "profession": "profession", "instrument": "instrument"}  # words the corpus uses
+
+
+def slot_filling_examples(people: list[Person], split: str, seed: int = SEED) -> list[dict]:
+    """KILT-style slot filling: "<name>; <relation>" -> the value, every fact of the people of
+    one split, shuffled (so the first N of them cover many people and every relation)."""
+    examples = [{"slot": f"{person.name}; {SLOT_NAMES[relation]}", "value": value}
+                for person in people if person.split == split for relation, value in person.facts.items()]
+    random.Random(f"{seed}-slots-{split}").shuffle(examples)
+    return examples
+
+
+def read_people(path) -> list[Person]:
+    """The people of a `facts.jsonl` that `write_world` wrote, in its order."""
+    people: dict[str, Person] = {}
+    for row in _read_jsonl(pathlib.Path(path)):
+        person = people.setdefault(row["entity"], Person(row["entity"], {}, row["split"]))
+        person.facts[row["relation"]] = row["value"]
+    return list(people.values())
 
 
 def vocabulary_texts(paths: dict) -> list[str]:
