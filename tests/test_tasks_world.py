@@ -75,9 +75,9 @@ def test_vocabularies():
 
 def test_importing_again_registers_nothing_twice():
     assert tasks.register_facts_tasks() == [
-        "facts_span_corruption", "facts_salient_span_masking", "facts_qa", "facts_fact_check", "facts_pretraining",
-        "facts_span_corruption_byte", "facts_salient_span_masking_byte", "facts_qa_byte", "facts_fact_check_byte",
-        "facts_pretraining_byte",
+        "facts_span_corruption", "facts_salient_span_masking", "facts_qa", "facts_fact_check", "facts_slot_filling",
+        "facts_pretraining", "facts_span_corruption_byte", "facts_salient_span_masking_byte", "facts_qa_byte",
+        "facts_fact_check_byte", "facts_slot_filling_byte", "facts_pretraining_byte",
     ]
 
 
@@ -135,3 +135,26 @@ def test_salient_span_masking_drops_texts_without_a_span():
     out = [{k: v.decode() for k, v in x.items()} for x in salient_span_masking(texts, "Oslo|1950").as_numpy_iterator()]
     assert out == [{"inputs": "Ann was born in <extra_id_0> in 1950.", "targets": "<extra_id_0> Oslo"},
                    {"inputs": "Oslovia is not <extra_id_0>.", "targets": "<extra_id_0> Oslo"}]
+
+
+def test_slot_filling_asks_every_fact_of_its_split_once_from_the_shipped_fact_table():
+    people = world.read_people(DATA_DIR / "facts.jsonl")
+    assert people == world.make_people()  # the fact table reads back as the world that wrote it
+    for split in ("train", "heldout"):
+        examples = world.slot_filling_examples(people, split)
+        expected = {(f"{p.name}; {world.SLOT_NAMES[r]}", v) for p in people if p.split == split for r, v in p.facts.items()}
+        assert len(examples) == len(expected) == 1000 and {(e["slot"], e["value"]) for e in examples} == expected
+    first = world.slot_filling_examples(people, "train")[:50]  # shuffled: a curve's first N cover many people
+    assert len({e["slot"].split(";")[0] for e in first}) > 40 and len({e["slot"].split("; ")[1] for e in first}) == 5
+    preview = tasks.preview(tasks.SLOT_FILLING, split="validation")
+    assert preview.preprocessed["inputs"].startswith(world.SLOT_FILLING_PREFIX)
+
+
+def test_first_examples_trains_on_the_first_n_and_keeps_the_rest_whole():
+    name = tasks.first_examples(tasks.SLOT_FILLING, 7)
+    assert name == f"{tasks.SLOT_FILLING}_first7" and tasks.first_examples(tasks.SLOT_FILLING, 7) == name
+    subset, whole = tasks.get_task(name), tasks.get_task(tasks.SLOT_FILLING)
+    rows = [e["inputs"] for e in subset.source.get_dataset(split="train").as_numpy_iterator()]
+    assert rows == [e["inputs"] for e in whole.source.get_dataset(split="train").take(7).as_numpy_iterator()]
+    assert sum(1 for _ in subset.source.get_dataset(split="validation")) == 1000
+    assert subset.metric_fns == whole.metric_fns

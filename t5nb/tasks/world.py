@@ -9,7 +9,9 @@ paraphrase of every fact and its own sentence order. Its validation split, for t
 validation curve, is one more paragraph per person: never trained on as a paragraph, though
 about two thirds of its sentences occur in training paragraphs (the paraphrases are few). Closed-book QA is split *by person*:
 training questions ask about the `train` people, validation questions only about the
-`heldout` people, whose facts the model can only have seen in the pretraining corpus.
+`heldout` people, whose facts the model can only have seen in the pretraining corpus. So is
+fact checking, and slot filling (`slot_filling_examples`), which is built from `facts.jsonl`
+when its task is registered, not written as a file of its own.
 
 Regenerate everything in `data/` (deterministic, byte for byte):
 
