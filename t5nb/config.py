@@ -61,6 +61,11 @@ class T5Config:
         if unknown or not self.lora_targets:
             raise ValueError(f"T5Config.lora_targets must name kernels among {', '.join(LORA_TARGETS)}, "
                              f"got {tuple(self.lora_targets)!r}")
+        mlp = ["wi"] if len(self.mlp_activations) == 1 else [f"wi_{i}" for i in range(len(self.mlp_activations))]
+        absent = sorted(set(self.lora_targets) - {"query", "key", "value", "out", "wo", *mlp})
+        if self.lora_rank and absent:
+            raise ValueError(f"T5Config.lora_targets: this model has no kernel {', '.join(absent)} (its MLP's are "
+                             f"{', '.join(mlp + ['wo'])})")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"T5Config.remat_policy must be one of {', '.join(REMAT_POLICIES)}, "
                              f"got {self.remat_policy!r}")

@@ -145,3 +145,11 @@ def test_an_adapter_run_trains_only_its_adapters_and_keeps_only_them(base_run, k
     np.testing.assert_array_equal(logits(model), logits(trainer.model(result.state.params)))
     if kind == "prompt":  # its checkpoint: under 1% of the full fine-tuning's
         assert state_bytes(result.model_dir, 4) < 0.01 * state_bytes(tmp / "full", 4)
+
+
+def test_lora_targets_are_checked_against_the_model():
+    with pytest.raises(ValueError, match=r"this model has no kernel wi \(its MLP's are wi_0, wi_1, wo\)"):
+        BASE.replace(lora_rank=4, lora_targets=("query", "wi"))
+    with pytest.raises(ValueError, match="lora_targets must name kernels among query, key, value, out"):
+        BASE.replace(lora_targets=("q",))
+    assert get_config("t5-tiny").replace(lora_rank=2, lora_targets=("wi",)).lora_targets == ("wi",)
