@@ -118,7 +118,13 @@ class Recipe:
             if section not in SECTIONS:
                 raise RecipeError(f"--set {assignment!r}: no section [{section}] in a recipe; its sections: "
                                   + ", ".join(SECTIONS))
-            table.setdefault(section, {})[key] = _toml_value_of(text)
+            if text.strip() == "none":  # back to the default (or none)
+                if key not in _fields_of(SECTIONS[section]):
+                    raise RecipeError(f"--set {assignment!r}: [{section}] has no key {key!r}; its keys: "
+                                      + ", ".join(_fields_of(SECTIONS[section])))
+                table.get(section, {}).pop(key, None)
+            else:
+                table.setdefault(section, {})[key] = _toml_value_of(text)
         return Recipe.from_dict(table, f"{self.source} with --set")
 
     # -- writing -------------------------------------------------------------------------------
@@ -145,12 +151,12 @@ class Recipe:
         and this chip's compute dtype unless given."""
         fields = dict(self.model)
         preset = fields.pop("preset", None)
-        if preset is not None:
+        if set(fields) >= set(MODEL_FIELDS):  # resolved: nothing to look up
+            base = T5Config()
+        elif preset is not None:
             base = get_config(preset)
         elif self.run.init_checkpoint and checkpoint_kind(self.run.init_checkpoint) in ("run", "hf"):
             base = checkpoint_config(self.run.init_checkpoint)
-        elif set(fields) >= set(MODEL_FIELDS):
-            base = T5Config()
         else:
             raise RecipeError(f"{self.source}: [model] needs a preset (one of {', '.join(sorted(_presets()))}), "
                               "every T5Config field, or a run.init_checkpoint with its own configuration "
@@ -230,19 +236,23 @@ def _coerce(where: str, value, kind):
             return jnp.dtype(value).name
         except TypeError:
             pass
-    elif typing.get_origin(kind) is tuple and isinstance(value, list) and all(isinstance(v, str) for v in value):
+    elif typing.get_origin(kind) is tuple:
+        if not (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
+            raise RecipeError(f"{where} must be {_describe(kind)}, got {value!r}")
         return tuple(value)
     elif isinstance(value, kind) and not (kind is int and isinstance(value, bool)):
         return value
     raise RecipeError(f"{where} must be {_describe(kind)}, got {value!r}")
 
 
+def _fields_of(kind) -> dict:
+    """A section's keys and their types: [model]'s a preset and T5Config's fields."""
+    return {"preset": str, **MODEL_FIELDS} if kind is None else typing.get_type_hints(kind)
+
+
 def _section(source: str, name: str, kind, values: dict):
     """Section `name` checked: no unknown key, every value of its field's type."""
-    if kind is None:  # [model]: a preset and T5Config fields
-        fields = {"preset": str, **MODEL_FIELDS}
-    else:
-        fields = typing.get_type_hints(kind)
+    fields = _fields_of(kind)
     unknown = sorted(set(values) - set(fields))
     if unknown:
         raise RecipeError(f"{source}: [{name}] has no key {unknown[0]!r}; its keys: {', '.join(fields)}")
@@ -253,6 +263,9 @@ def _section(source: str, name: str, kind, values: dict):
         if "preset" in checked and checked["preset"] not in _presets():
             raise RecipeError(f"{source}: [model] preset {checked['preset']!r} is not one of "
                               f"{', '.join(sorted(_presets()))}")
+        if "preset" in checked and set(checked) >= set(MODEL_FIELDS):
+            raise RecipeError(f"{source}: [model] gives every field, so its preset would change nothing; "
+                              "change the fields, or give the preset and only the fields that differ")
         return checked
     missing = [f.name for f in dataclasses.fields(kind)
                if f.name not in checked and f.default is dataclasses.MISSING]
@@ -343,9 +356,6 @@ def validation(recipe: Recipe) -> dict:
     settings = dict(eval_every=recipe.run.eval_every)
     lengths = feature_lengths(recipe)
     if recipe.run.decoded_sample and any(sub.metric_fns for sub in getattr(task, "tasks", [task])):
-        if jax.process_count() > 1:
-            raise RecipeError(f"{recipe.source}: run.decoded_sample works in one process; set it to 0 and score "
-                              "the checkpoints with `t5nb eval`")
         settings["decoded_eval"] = evaluate.decoded_sample(task, lengths, recipe.run.decoded_sample)
     batches = tasks.validation_batches(task, lengths, recipe.data.batch_size, recipe.run.eval_batches)
     if batches:
@@ -381,6 +391,9 @@ def run_recipe(recipe: Recipe, *, on_log=None, progress: bool = True, trainer: T
     describe) saves compiling again. Returns (trainer, TrainResult)."""
     from t5nb import tasks
 
+    if jax.process_count() > 1 and recipe.run.decoded_sample:
+        raise RecipeError(f"{recipe.source}: run.decoded_sample works in one process; set it to 0 and score "
+                          "the checkpoints with `t5nb eval`")
     recipe = recipe.resolved()
     config = recipe.model_config()
     if trainer is None:
@@ -389,6 +402,11 @@ def run_recipe(recipe: Recipe, *, on_log=None, progress: bool = True, trainer: T
         raise ValueError("the trainer given differs from the recipe's model or optimizer")
     model_dir = pathlib.Path(recipe.run.model_dir)
     resuming = (model_dir / "checkpoints").is_dir() and any((model_dir / "checkpoints").iterdir())
+    if resuming and adapters.has_adapters(config) and (model_dir / "recipe.toml").is_file():
+        base = load_recipe(model_dir / "recipe.toml").run.init_checkpoint
+        if base != recipe.run.init_checkpoint:
+            raise RecipeError(f"{model_dir} trained adapters on {base}; refusing to resume them on "
+                              f"{recipe.run.init_checkpoint} (run.init_checkpoint)")
     params = None  # a resumed run's checkpoints hold what it trained; its frozen base is read again
     if recipe.run.init_checkpoint and not (resuming and not adapters.has_adapters(config)):
         params = initial_params(recipe.run.init_checkpoint, config, trainer.mesh)

@@ -195,8 +195,12 @@ class Trainer:
     def model(self, params) -> Transformer:
         """The NNX module holding `params` (for decoding, inspection, export), joined with
         `frozen` if they are a train state's trained parameters."""
+        return self._module(adapters.merge(self.frozen, params) if self.frozen else params)
+
+    def _module(self, params) -> Transformer:
+        """The NNX module holding all of its parameters, `params` (traced or not)."""
         state = jax.tree.map(lambda x: x, self.param_state)  # a fresh copy of the template
-        nnx.replace_by_pure_dict(state, adapters.merge(self.frozen, params) if self.frozen else params)
+        nnx.replace_by_pure_dict(state, params)
         return nnx.merge(self.graphdef, state)
 
     def shard_batch(self, batch: dict) -> dict:
@@ -215,7 +219,7 @@ class Trainer:
     def _sums(self, params, frozen, batch, dropout_key):
         """Summed loss (what we differentiate, with respect to `params`) and the metric sums of
         one (micro)batch."""
-        model = self.model(adapters.merge(frozen, params))
+        model = self._module(adapters.merge(frozen, params))
         rngs = nnx.Rngs(dropout=dropout_key) if dropout_key is not None else None
         logits = model(batch["encoder_input_tokens"], batch["decoder_input_tokens"], batch["decoder_target_tokens"],
                        batch.get("encoder_segment_ids"), batch.get("decoder_segment_ids"), rngs=rngs)

@@ -153,3 +153,27 @@ def test_lora_targets_are_checked_against_the_model():
     with pytest.raises(ValueError, match="lora_targets must name kernels among query, key, value, out"):
         BASE.replace(lora_targets=("q",))
     assert get_config("t5-tiny").replace(lora_rank=2, lora_targets=("wi",)).lora_targets == ("wi",)
+
+
+def test_an_adapter_run_resumes_only_on_its_own_base(base_run, tmp_path):
+    tmp, full = base_run
+    lora = full.with_overrides(["model.lora_rank=2", f"run.model_dir={tmp_path / 'lora'}", "run.steps=2",
+                                "run.checkpoint_every=2"])
+    run_recipe(lora, progress=False)
+    other = lora.with_overrides([f"run.init_checkpoint={tmp / 'full'}", "run.steps=4"])
+    with pytest.raises(ValueError, match=rf"trained adapters on {tmp / 'hf'}; refusing to resume them on {tmp / 'full'}"):
+        run_recipe(other, progress=False)
+
+
+def test_an_adapter_run_from_random_weights_resumes(tmp_path):
+    """No base checkpoint: the frozen weights are the seed's initialisation, made again on resume
+    (outside the compiled step: never from its tracers)."""
+    recipe = load_recipe(RECIPE).with_overrides(
+        ["model.preset=t5.1.1-tiny", "model.prompt_length=2", "run.init_checkpoint=none", "data.batch_size=8",
+         "run.steps=2", "run.checkpoint_every=2", "run.eval_every=0", f"run.model_dir={tmp_path / 'run'}"])
+    _, first = run_recipe(recipe, progress=False)
+    trainer, resumed = run_recipe(recipe.with_overrides(["run.steps=4"]), progress=False)
+    assert int(resumed.state.step) == 4 and checkpoints.flatten(resumed.state.params).keys() == {"encoder/prompt"}
+    base = adapters.split(trainer.model_config, trainer.init_params())[1]
+    for path, value in checkpoints.flatten(trainer.frozen).items():
+        assert np.array_equal(value, checkpoints.flatten(base)[path]), path

@@ -50,6 +50,16 @@ def test_set_changes_keys_and_reads_toml_values():
     assert recipe.run.init_checkpoint == "runs/x"
     assert recipe.with_overrides(["run.init_checkpoint=none"]).run.init_checkpoint is None
     assert recipe.with_overrides(["optimizer.learning_rate=rsqrt_decay"]).optimizer.learning_rate is None
+    # none puts any key back to its default: this chip's dtype, the default cadence
+    resolved = load_recipe(COURSE).resolved()
+    assert resolved.with_overrides(["model.dtype=none", "model.preset=t5.1.1-mini"]).model_config() == \
+        resolved.model_config()
+    assert recipe.with_overrides(["run.eval_every=none"]).run.eval_every == 0
+    with pytest.raises(RecipeError, match=r"--set 'run.stepz=none': \[run\] has no key 'stepz'"):
+        recipe.with_overrides(["run.stepz=none"])
+    # a resolved recipe spells out the model: a preset beside it would change nothing, so it is refused
+    with pytest.raises(RecipeError, match=r"\[model\] gives every field, so its preset would change nothing"):
+        resolved.with_overrides(["model.preset=t5.1.1-small"])
 
 
 @pytest.mark.parametrize("assignment, message", [

@@ -141,6 +141,8 @@ def first_examples(task, count: int) -> str:
     source's order; its other splits whole), registered as `<task>_first<count>` on first use:
     the training sets of a sample-efficiency curve."""
     task = get_task(task)
+    if isinstance(task, seqio.Mixture):
+        raise TaskNameError(f"{task.name!r} is a mixture; first_examples takes one of its tasks")
     name = f"{task.name}_first{count}"
     if name not in seqio.TaskRegistry.names():
         source = task.source
