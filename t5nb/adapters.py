@@ -83,7 +83,7 @@ def add_adapters(base_params: dict, config: T5Config, seed: int = 0) -> dict:
 def merge_lora(params: dict, config: T5Config) -> tuple[dict, T5Config]:
     """(parameters, config) with each LoRA update folded into its kernel, kernel + scale * A @ B,
     and no LoRA left: the same function, as a plain T5 (a prompt stays)."""
-    scale = config.lora_alpha / config.lora_rank if config.lora_rank else 0.0
+    scale = config.lora_scale if config.lora_rank else 0.0
 
     def fold(tree):
         if not isinstance(tree, dict):

@@ -61,14 +61,24 @@ class T5Config:
         if unknown or not self.lora_targets:
             raise ValueError(f"T5Config.lora_targets must name kernels among {', '.join(LORA_TARGETS)}, "
                              f"got {tuple(self.lora_targets)!r}")
-        mlp = ["wi"] if len(self.mlp_activations) == 1 else [f"wi_{i}" for i in range(len(self.mlp_activations))]
-        absent = sorted(set(self.lora_targets) - {"query", "key", "value", "out", "wo", *mlp})
+        absent = sorted(set(self.lora_targets) - {"query", "key", "value", "out", "wo", *self.mlp_inputs})
         if self.lora_rank and absent:
             raise ValueError(f"T5Config.lora_targets: this model has no kernel {', '.join(absent)} (its MLP's are "
-                             f"{', '.join(mlp + ['wo'])})")
+                             f"{', '.join(self.mlp_inputs + ('wo',))})")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"T5Config.remat_policy must be one of {', '.join(REMAT_POLICIES)}, "
                              f"got {self.remat_policy!r}")
+
+    @property
+    def mlp_inputs(self) -> tuple[str, ...]:
+        """The MLP's input kernels: `wi`, or `wi_0`, `wi_1`, ... for gated activations."""
+        activations = len(self.mlp_activations)
+        return ("wi",) if activations == 1 else tuple(f"wi_{i}" for i in range(activations))
+
+    @property
+    def lora_scale(self) -> float:
+        """The factor of LoRA's update A @ B: lora_alpha / lora_rank."""
+        return self.lora_alpha / self.lora_rank
 
     @classmethod
     def check_fields(cls, names) -> None:

@@ -69,7 +69,7 @@ def lora(config: T5Config, name: str) -> dict:
     """Dense's LoRA arguments for the kernel `name` (query, wi, ...): none unless it is a target."""
     if not config.lora_rank or name not in config.lora_targets:
         return {}
-    return {"rank": config.lora_rank, "scale": config.lora_alpha / config.lora_rank}
+    return {"rank": config.lora_rank, "scale": config.lora_scale}
 
 
 class Embed(nnx.Module):
@@ -175,7 +175,7 @@ class MlpBlock(nnx.Module):
 
     def __init__(self, config: T5Config, rngs):
         c = config
-        names = ["wi"] if len(c.mlp_activations) == 1 else [f"wi_{i}" for i in range(len(c.mlp_activations))]
+        names = c.mlp_inputs
         for name in names:
             setattr(self, name, Dense(c.emb_dim, c.mlp_dim, ("embed", "mlp"), c.dtype, rngs, **lora(c, name)))
         self.wo = Dense(c.mlp_dim, c.emb_dim, ("mlp", "embed"), c.dtype, rngs, **lora(c, "wo"))
