@@ -137,6 +137,8 @@ class Trainer:
         self.param_state = abstract_params  # keeps the logical axis metadata
         self.param_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(abstract_params, self.mesh, rules))
         self.trainable_shardings, self.frozen_shardings = adapters.split(model_config, self.param_shardings)
+        # the parameters' shapes and dtypes, trained and frozen, as `init_params` makes them
+        self._abstract_trainable, self._abstract_frozen = adapters.split(model_config, nnx.to_pure_dict(abstract_params))
         self._frozen = None if adapters.has_adapters(model_config) else {}
         self.batch_sharding = mesh_lib.batch_sharding(self.mesh)
         self._replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
@@ -174,7 +176,7 @@ class Trainer:
 
     def abstract_state(self) -> TrainState:
         """The train state's shapes, dtypes and shardings, nothing allocated: what to restore into."""
-        params = adapters.split(self.model_config, jax.eval_shape(self.init_params))[0]
+        params = self._abstract_trainable
         abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
                               opt_state=jax.eval_shape(self.optimizer.init, params))
         shardings = TrainState(step=self._replicated, params=self.trainable_shardings,
@@ -262,9 +264,8 @@ class Trainer:
         """The train step compiled for `state` and `batch`: arrays, or `ShapeDtypeStruct`s with
         shardings (`abstract_state()`), which compile it without allocating anything."""
         state_shardings = jax.tree.map(lambda x: x.sharding, state)
-        frozen = adapters.split(self.model_config, jax.eval_shape(self.init_params))[1]  # abstract, as state may be
         frozen = jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                              frozen, self.frozen_shardings)
+                              self._abstract_frozen, self.frozen_shardings)  # abstract, as `state` may be
         jitted = jax.jit(self._train_step_fn, in_shardings=(state_shardings, self.frozen_shardings, self.batch_sharding),
                          out_shardings=(state_shardings, None), donate_argnums=0)
         with mesh_lib.activation_sharding(self.mesh, self.rules):
