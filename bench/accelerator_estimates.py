@@ -41,7 +41,7 @@ from t5nb import decode, workflow  # noqa: E402
 from t5nb import mesh as mesh_lib  # noqa: E402
 from t5nb.model import Transformer  # noqa: E402
 from t5nb.profiles import compute_dtype, get_profile  # noqa: E402
-from t5nb.train import Trainer  # noqa: E402
+from t5nb.trainer import Trainer  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MFU = 0.4  # the fraction of a chip's roofline every program reaches (see the README)

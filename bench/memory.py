@@ -40,7 +40,7 @@ def child(kind: str, repeats: int) -> dict:
 
     from t5nb import checkpoints
     from t5nb.config import get_config
-    from t5nb.train import Trainer, TrainConfig
+    from t5nb.trainer import Trainer, TrainConfig
 
     if kind.startswith("shard:"):  # in a process with 8 simulated devices (see `measure`)
         from t5nb import mesh as mesh_lib

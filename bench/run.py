@@ -39,7 +39,7 @@ from t5nb import checkpoints, decode  # noqa: E402
 from t5nb.config import T5Config, get_config  # noqa: E402
 from t5nb.model import shift_right  # noqa: E402
 from t5nb.system import time_matmul  # noqa: E402
-from t5nb.train import Trainer, TrainConfig  # noqa: E402
+from t5nb.trainer import Trainer, TrainConfig  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 SHAPES = {  # name -> (preset, batch, input length, target length)

@@ -51,7 +51,7 @@ def import_tensorflow():
     if os.environ.get("TF_CPP_MIN_LOG_LEVEL", "1") == "1":  # unset, or JAX's default (its import sets 1)
         os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"  # no tf.data warnings, errors only
     with _stderr_without_noise():
-        import tensorflow as tf
+        import tensorflow as tf  # here only: tf.data's, with accelerators hidden first
 
         for kind in ("GPU", "TPU"):
             tf.config.set_visible_devices([], kind)

@@ -11,8 +11,11 @@ prompt drawn from the vocabulary's embeddings, as Lester et al. 2021 initialise 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
+from t5nb.checkpoints.params import model_from_params, params_of
 from t5nb.config import T5Config
+from t5nb.model import Transformer
 
 ADAPTERS = ("lora_a", "lora_b", "prompt")  # the parameter names adapters add
 PROMPT_INIT_TOKENS = 5000  # the prompt starts as the embeddings of tokens among the most frequent 5,000
@@ -65,10 +68,6 @@ def add_adapters(base_params: dict, config: T5Config, seed: int = 0) -> dict:
     random and `lora_b` zero (the adapted model computes what the base does), and the prompt
     the embeddings of `prompt_length` distinct tokens drawn among the vocabulary's 5,000 most
     frequent (SentencePiece numbers its pieces by frequency; 0-2 are pad, EOS and UNK)."""
-    from t5nb.checkpoints import params_of
-    from t5nb.model import Transformer
-    from flax import nnx
-
     fresh = jax.jit(lambda: params_of(Transformer(config, rngs=nnx.Rngs(seed))))()
     adapters, _ = _partition(fresh, lambda name: name in ADAPTERS)
     if config.prompt_length:
@@ -99,8 +98,6 @@ def merge_lora(params: dict, config: T5Config) -> tuple[dict, T5Config]:
 
 def merged_model(model):
     """A model with its LoRA folded into the kernels (`merge_lora`), e.g. for `save_hf`."""
-    from t5nb.checkpoints import model_from_params, params_of
-
     params, config = merge_lora(params_of(model), model.config)
     return model_from_params(config, params)
 

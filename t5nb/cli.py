@@ -17,6 +17,7 @@ import pathlib
 import sys
 import warnings
 
+import t5nb
 from t5nb.host import tune_host
 
 # what a person causes by what they give t5nb; t5nb's own errors (TaskNameError, TaskDataError,
@@ -178,7 +179,7 @@ def register_command_line_tasks(args) -> None:
         import_task_module(module)
     if not args.task_file:
         return
-    from t5nb.tasks import register_task
+    from t5nb.tasks import register_task  # the command loads JAX and TensorFlow only for the handler it runs
 
     name = args.task[-1] if isinstance(args.task, list) else args.task
     options = {option.removeprefix("task_"): getattr(args, option) for option in TASK_FILE_OPTIONS
@@ -190,7 +191,9 @@ def register_command_line_tasks(args) -> None:
 
 def run_eval_or_infer(args) -> int:
     """`t5nb eval` (checkpoints scored on a task's split) and `t5nb infer` (a file's inputs answered)."""
-    from t5nb import evaluate
+    from t5nb import evaluate  # the command loads JAX and TensorFlow only for the handler it runs
+    from t5nb.checkpoints import checkpoint_config
+    from t5nb.restore import load_model
     from t5nb.tasks import check_vocabulary
 
     register_command_line_tasks(args)
@@ -202,9 +205,9 @@ def run_eval_or_infer(args) -> int:
             batch_size=args.batch_size, **decoding)
         print(table.to_string())
         return 0
-    check_vocabulary(evaluate.model_config(args.model_dir).vocab_size, args.task)
+    check_vocabulary(checkpoint_config(args.model_dir).vocab_size, args.task)
     texts = evaluate.read_inputs(args.input)  # a bad model directory, task or input file fails before loading
-    model, step = evaluate.load_model(args.model_dir, args.step)
+    model, step = load_model(args.model_dir, args.step)
     rows = evaluate.infer_file(model, args.task, texts, args.output, input_length=args.inputs_length,
                                max_decode_length=args.targets_length, batch_size=args.batch_size, **decoding)
     print(f"{len(rows)} predictions of step {step} written to {args.output}")
@@ -218,7 +221,7 @@ def start_distributed(args) -> None:
         raise ValueError("--coordinator, --num-processes and --process-id go together")
     if args.process_id is not None and args.process_id >= args.num_processes:
         raise ValueError(f"--process-id {args.process_id}: must be below --num-processes {args.num_processes}")
-    from t5nb.mesh import initialize_distributed
+    from t5nb.mesh import initialize_distributed  # the command loads JAX and TensorFlow only for the handler it runs
 
     initialize_distributed(args.coordinator, args.num_processes, args.process_id, detect=args.distributed)
 
@@ -226,9 +229,10 @@ def start_distributed(args) -> None:
 def run_train(args) -> int:
     """`t5nb train`: the recipe file with its --set changes, resolved, printed, then run."""
     start_distributed(args)
-    import jax
+    import jax  # the command loads JAX and TensorFlow only for the handler it runs
 
-    from t5nb.recipe import load_recipe, run_recipe
+    from t5nb.recipe import load_recipe  # the command loads JAX and TensorFlow only for the handler it runs
+    from t5nb.train import run_recipe
 
     for module in args.task_module or ():
         import_task_module(module)
@@ -250,7 +254,7 @@ def run(args) -> int:
     if getattr(args, "profile", None):
         os.environ["T5NB_PROFILE"] = args.profile  # the notebook kernels inherit it
     if args.command == "course":
-        from t5nb.course import run_course
+        from t5nb.course import run_course  # the command loads JAX and TensorFlow only for the handler it runs
 
         results = run_course(args.out, args.notebooks, fresh=args.fresh)
         return 0 if all(r["ok"] for r in results.values()) else 1
@@ -258,8 +262,6 @@ def run(args) -> int:
         return run_eval_or_infer(args)
     if args.command == "train":
         return run_train(args)
-    import t5nb
-
     t5nb.report(t5nb.get_profile())
     return 0
 

@@ -314,7 +314,7 @@ def rank_classify(model, encoder_input_tokens, option_tokens, *, mesh=None) -> t
 def _shared(task, what: str, value_of, describe=repr):
     """`value_of(task)`; for a mixture, the value all its tasks share, or a ValueError naming
     each task's (`describe`d)."""
-    import seqio
+    import seqio  # decoding runs without TensorFlow (a GPU host); only tasks need it
 
     if not isinstance(task, seqio.Mixture):
         return value_of(task)
@@ -328,7 +328,7 @@ def _shared(task, what: str, value_of, describe=repr):
 
 
 def _own_prefix(task) -> str:
-    from t5nb.tasks.recipes import add_prefix
+    from t5nb.tasks.pieces import add_prefix  # tasks load TensorFlow: only strings in, strings out needs them
 
     for preprocessor in task.preprocessors:
         if isinstance(preprocessor, functools.partial) and preprocessor.func is add_prefix:
@@ -339,7 +339,7 @@ def _own_prefix(task) -> str:
 def task_prefix(task) -> str:
     """The text prefix a t5nb task's preprocessors add to `inputs` ("" if none); a mixture's is
     the one its tasks share (a ValueError names each task's if they differ)."""
-    from t5nb.tasks import get_task
+    from t5nb.tasks import get_task  # tasks load TensorFlow: only strings in, strings out needs them
 
     return _shared(get_task(task), "input prefix", _own_prefix)
 
@@ -372,7 +372,7 @@ class Predictor:
 
     def __init__(self, model, task, *, input_length: int = 128, max_decode_length: int = 32,
                  batch_size: int = 8, method: str = "greedy", mesh=None, **options):
-        from t5nb.tasks import check_vocabulary, describe_vocabulary, get_task
+        from t5nb.tasks import check_vocabulary, describe_vocabulary, get_task  # tasks load TensorFlow (see above)
 
         self.model, self.task = model, get_task(task)
         self.input_vocabulary, self.vocabulary = (

@@ -9,8 +9,8 @@
   for `train()` to track while fine-tuning (nothing written: `train()` logs them).
 - `results_table`: the metrics by checkpoint step read back from the TensorBoard logs, as a
   pandas DataFrame and `results.csv` (T5's `parse_tb`).
-- `load_model` / `evaluate_checkpoints` / `infer_file`: T5X's `eval.py` and `infer.py`, for a
-  training run's directory (orbax checkpoints) or a Hugging Face directory (`save_hf`).
+- `evaluate_checkpoints` / `infer_file`: T5X's `eval.py` and `infer.py`, for a training run's
+  directory (orbax checkpoints) or a Hugging Face directory (`save_hf`), loaded by `t5nb.restore`.
 
 A directory that is neither, a step it does not have, a task whose vocabulary does not fit the
 model or a bad input file is refused before any model is loaded, naming what was found.
@@ -25,16 +25,14 @@ from t5nb import _tensorflow  # noqa: F401, I001  (first: TensorFlow for tf.data
 import seqio
 from clu import metric_writers
 
-from t5nb.adapters import has_adapters
-from t5nb.checkpoints import HF_DIR, RunCheckpoints, hf_weights_file, load_hf, read_hf_config, warn_if_not_finite
-from t5nb.config import T5Config
+from t5nb.checkpoints import checkpoint_config, checkpoint_steps, model_dir_kind, require_steps
 from t5nb.decode import Predictor
 from t5nb.event_logs import logged_steps
 from t5nb.tasks import as_text, check_vocabulary, get_task
+from t5nb.restore import load_model
 from t5nb.tasks.custom import TaskDataError, read_rows, require_text
 
 LOG_KINDS = ("inference_eval", "training_eval")
-RUN_DIR = "a training run's directory holds config.json and checkpoints/<step>/"
 INPUT_FIELDS = ("input", "inputs", "question")
 
 
@@ -224,95 +222,18 @@ def results_table(model_dir, kinds=LOG_KINDS, csv: bool = True) -> pd.DataFrame:
     return table
 
 
-# -- saved models ------------------------------------------------------------------------------
-def run_config(model_dir) -> tuple[T5Config, dict]:
-    """The model config and train config dict a training run wrote to `<model_dir>/config.json`."""
-    path = pathlib.Path(model_dir) / "config.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file; {RUN_DIR}")
-    try:
-        saved = json.loads(path.read_text())
-        return T5Config.from_json(saved["model"]), saved["train"]
-    except (ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"{path}: not a training run's config ({type(error).__name__}: {error})") from None
-
-
-def checkpoint_steps(model_dir) -> list[int]:
-    """Steps of the orbax checkpoints of a training run (empty for a Hugging Face directory)."""
-    if not (pathlib.Path(model_dir) / "checkpoints").is_dir():
-        return []
-    return RunCheckpoints(pathlib.Path(model_dir) / "checkpoints").all_steps()
-
-
-def model_dir_kind(model_dir) -> str:
-    """"run" (a training run with checkpoints) or "hf" (a Hugging Face directory); anything
-    else is refused, naming what the directory holds."""
-    model_dir = pathlib.Path(model_dir)
-    if not model_dir.is_dir():
-        problem = "not a directory" if model_dir.exists() else "no such directory"
-        raise FileNotFoundError(f"{model_dir}: {problem}; {RUN_DIR}, {HF_DIR}")
-    if checkpoint_steps(model_dir):
-        return "run"
-    names = sorted(path.name for path in model_dir.iterdir())
-    if "config.json" in names and hf_weights_file(names):
-        return "hf"
-    if {"checkpoints", "train"} & set(names):  # what `t5nb.train.train` writes
-        raise FileNotFoundError(f"{model_dir}: a training run without checkpoints (checkpoints/<step>/); "
-                                "train with checkpoint_every > 0")
-    raise FileNotFoundError(f"{model_dir}: not a model directory ({RUN_DIR}, {HF_DIR}); "
-                            f"found {', '.join(names) or 'nothing'}")
-
-
-def model_config(model_dir) -> T5Config:
-    """The model config of a run or Hugging Face directory, without loading any weights."""
-    return read_hf_config(model_dir) if model_dir_kind(model_dir) == "hf" else run_config(model_dir)[0]
-
-
-def _require_steps(model_dir, steps) -> list[int]:
-    """The run's checkpoint steps; refuses `steps` it does not have, listing those it has."""
-    available = checkpoint_steps(model_dir)
-    missing = sorted(set(steps) - set(available))
-    if missing:
-        raise ValueError(f"{model_dir}: no checkpoint of step {', '.join(map(str, missing))}; "
-                         f"its steps: {', '.join(map(str, available))}")
-    return available
-
-
-def load_model(model_dir, step: int | None = None, mesh=None):
-    """The model of a training run's checkpoint `step` (default: latest), on `mesh`, or of a
-    Hugging Face directory. Returns (model, step); a Hugging Face model is step 0 (or `step`).
-    A warning names any parameter that is not finite."""
-    from t5nb.train import TrainConfig, Trainer
-
-    model_dir = pathlib.Path(model_dir)
-    if model_dir_kind(model_dir) == "hf":
-        return load_hf(model_dir), 0 if step is None else step
-    available = _require_steps(model_dir, [] if step is None else [step])
-    step = available[-1] if step is None else step
-    config, train_config = run_config(model_dir)
-    trainer = Trainer(config, TrainConfig(**train_config), mesh)
-    if has_adapters(config):
-        from t5nb.recipe import restore_base
-
-        restore_base(model_dir, trainer)
-    state = RunCheckpoints(model_dir / "checkpoints").restore(trainer.abstract_state(), step)
-    model = trainer.model(state.params)
-    warn_if_not_finite(model, model_dir / "checkpoints" / str(step))
-    return model, int(jax.device_get(state.step))
-
-
 def evaluate_checkpoints(model_dir, tasks, *, steps=None, output_dir=None, split: str = "validation",
                          **infer_eval_args) -> pd.DataFrame:
     """T5X's eval.py: `infer_eval` every task at each checkpoint `steps` (default: all; a
     Hugging Face directory: once), without training; the results table of `output_dir`."""
     output_dir = output_dir or model_dir
     tasks = [tasks] if isinstance(tasks, (str, seqio.DatasetProviderBase)) else tasks
-    vocab_size = model_config(model_dir).vocab_size
+    vocab_size = checkpoint_config(model_dir).vocab_size
     for task in tasks:
         check_vocabulary(vocab_size, task)
         check_split(task, split)
     if model_dir_kind(model_dir) == "run":
-        _require_steps(model_dir, steps or [])
+        require_steps(model_dir, steps or [])
     for step in steps or checkpoint_steps(model_dir) or [None]:
         model, step = load_model(model_dir, step, infer_eval_args.get("mesh"))
         for task in tasks:

@@ -21,7 +21,7 @@ def _jax_started() -> bool:
     """Whether JAX has created its backends (and with them its thread pools) in this process."""
     if "jax" not in sys.modules:
         return False
-    from jax._src import xla_bridge
+    from jax._src import xla_bridge  # only once JAX is imported: importing it here would start it
 
     return bool(getattr(xla_bridge, "_backends", None))
 

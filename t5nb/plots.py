@@ -62,7 +62,7 @@ class LivePlot:
 
     def _show(self) -> None:
         try:
-            from IPython import get_ipython
+            from IPython import get_ipython  # optional: shown only in a notebook
             from IPython.display import display
         except ImportError:
             return

@@ -9,7 +9,7 @@ workflow both run through `run_recipe`.
     inputs_length = 512
     targets_length = 114
     batch_size = 256
-    [optimizer]  # how it learns: t5nb.train.TrainConfig's fields
+    [optimizer]  # how it learns: t5nb.trainer.TrainConfig's fields
     warmup_steps = 10000
     [run]        # where it goes, how long, what it starts from, how often it logs and saves (`Run`)
     model_dir = "runs/t5_1_1_small_c4"
@@ -31,10 +31,11 @@ import typing
 import jax
 import jax.numpy as jnp
 
-from t5nb import adapters
 from t5nb import mesh as mesh_lib
-from t5nb.config import T5Config, get_config
-from t5nb.train import TrainConfig, Trainer, train
+from t5nb.checkpoints.runs import checkpoint_config, checkpoint_kind
+from t5nb.config import PRESETS, T5Config, get_config
+from t5nb.profiles import compute_dtype
+from t5nb.trainer import TrainConfig, Trainer
 
 RSQRT_DECAY = "rsqrt_decay"  # optimizer.learning_rate's name for TrainConfig.learning_rate=None
 
@@ -158,12 +159,12 @@ class Recipe:
         elif self.run.init_checkpoint and checkpoint_kind(self.run.init_checkpoint) in ("run", "hf"):
             base = checkpoint_config(self.run.init_checkpoint)
         else:
-            raise RecipeError(f"{self.source}: [model] needs a preset (one of {', '.join(sorted(_presets()))}), "
+            raise RecipeError(f"{self.source}: [model] needs a preset (one of {', '.join(sorted(PRESETS))}), "
                               "every T5Config field, or a run.init_checkpoint with its own configuration "
                               "(a run or Hugging Face directory)")
         if preset is not None:
             fields.setdefault("vocab_size", default_vocab_size(self.data.task))
-        fields.setdefault("dtype", _compute_dtype())
+        fields.setdefault("dtype", jnp.dtype(compute_dtype()).name)
         return T5Config.from_json({**base.to_json(), **fields})
 
     def resolved(self) -> "Recipe":
@@ -179,18 +180,6 @@ class Recipe:
 
 SECTIONS = {"model": None, "data": Data, "optimizer": TrainConfig, "run": Run, "mesh": Mesh}
 MODEL_FIELDS = {field.name: field.type for field in dataclasses.fields(T5Config)}
-
-
-def _presets():
-    from t5nb.config import PRESETS
-
-    return PRESETS
-
-
-def _compute_dtype() -> str:
-    from t5nb.profiles import compute_dtype
-
-    return jnp.dtype(compute_dtype()).name
 
 
 def _toml(value) -> str:
@@ -260,9 +249,9 @@ def _section(source: str, name: str, kind, values: dict):
         values = {**values, "learning_rate": None}
     checked = {key: _coerce(f"{source}: [{name}] {key}", value, fields[key]) for key, value in values.items()}
     if kind is None:
-        if "preset" in checked and checked["preset"] not in _presets():
+        if "preset" in checked and checked["preset"] not in PRESETS:
             raise RecipeError(f"{source}: [model] preset {checked['preset']!r} is not one of "
-                              f"{', '.join(sorted(_presets()))}")
+                              f"{', '.join(sorted(PRESETS))}")
         if "preset" in checked and set(checked) >= set(MODEL_FIELDS):
             raise RecipeError(f"{source}: [model] gives every field, so its preset would change nothing; "
                               "change the fields, or give the preset and only the fields that differ")
@@ -292,132 +281,16 @@ def load_recipe(path) -> Recipe:
 def default_vocab_size(task) -> int:
     """The embedding rows for `task`'s vocabulary: its ids, or 32128 for the official T5
     vocabulary's 32100, as the published checkpoints pad it."""
-    from t5nb import tasks
+    from t5nb import tasks  # TensorFlow (tf.data) loads with the tasks; a recipe reads and checks without it
 
     vocabulary = tasks.get_task(task).output_features["targets"].vocabulary
     return 32128 if tasks.vocab.is_official(vocabulary) else vocabulary.vocab_size
-
-
-def checkpoint_kind(path: str) -> str:
-    """"hf", "t5x" or "run": what `init_checkpoint` names (anything else is refused, saying what it holds)."""
-    from t5nb import evaluate
-
-    if path.startswith("hf://"):
-        return "hf"
-    if is_t5x_checkpoint(path):
-        return "t5x"
-    return evaluate.model_dir_kind(path)
-
-
-def is_t5x_checkpoint(path: str) -> bool:
-    """Whether `path` names a T5X checkpoint: on GCS, a directory holding `checkpoint`, or a file."""
-    return path.startswith("gs://") or (pathlib.Path(path) / "checkpoint").is_file() or pathlib.Path(path).is_file()
-
-
-def checkpoint_config(path: str) -> T5Config:
-    """The model configuration a run or Hugging Face checkpoint carries (T5X's carry none)."""
-    from t5nb import checkpoints, evaluate
-
-    return checkpoints.read_hf_config(path) if checkpoint_kind(path) == "hf" else evaluate.run_config(path)[0]
-
-
-def initial_params(path: str, config: T5Config, mesh=None) -> dict:
-    """The parameters of checkpoint `path` (see `Run.init_checkpoint`), checked against `config`;
-    for a model with adapters, the checkpoint is their base, and fresh adapters are added."""
-    from t5nb import checkpoints, evaluate
-
-    if adapters.has_adapters(config):
-        return adapters.add_adapters(initial_params(path, adapters.base_config(config), mesh), config)
-    kind = checkpoint_kind(path)
-    if kind == "t5x":
-        params = checkpoints.read_t5x_checkpoint(path)
-    elif kind == "hf":
-        params = checkpoints.read_hf_checkpoint(path)[1]
-    else:
-        params = checkpoints.params_of(evaluate.load_model(path, mesh=mesh)[0])
-    try:
-        checkpoints.check_params(config, checkpoints.flatten(params))
-    except checkpoints.CheckpointError as error:
-        raise RecipeError(f"run.init_checkpoint {path} does not fit the recipe's model: {error}") from None
-    return params
-
-
-def validation(recipe: Recipe) -> dict:
-    """`train()`'s validation settings: every `run.eval_every` steps, the loss on the first
-    `run.eval_batches` batches of the task's validation split (none if it has no such split,
-    or less than a batch) and the task's metrics on `run.decoded_sample` examples decoded."""
-    import warnings
-
-    from t5nb import evaluate, tasks
-
-    task = tasks.get_task(recipe.data.task)
-    if not recipe.run.eval_every or "validation" not in task.splits:
-        return {}
-    settings = dict(eval_every=recipe.run.eval_every)
-    lengths = feature_lengths(recipe)
-    if recipe.run.decoded_sample and any(sub.metric_fns for sub in getattr(task, "tasks", [task])):
-        settings["decoded_eval"] = evaluate.decoded_sample(task, lengths, recipe.run.decoded_sample)
-    batches = tasks.validation_batches(task, lengths, recipe.data.batch_size, recipe.run.eval_batches)
-    if batches:
-        settings["eval_batches"] = lambda: batches
-    else:
-        warnings.warn(f"task {task.name!r}: its validation split holds less than one batch of "
-                      f"{recipe.data.batch_size} examples, so this run has no validation loss curve", stacklevel=3)
-    return settings
 
 
 def feature_lengths(recipe: Recipe) -> dict:
     return {"inputs": recipe.data.inputs_length, "targets": recipe.data.targets_length}
 
 
-def restore_base(model_dir, trainer: Trainer) -> None:
-    """Give `trainer` (of a run with adapters, whose checkpoints hold only them) the frozen base
-    its `recipe.toml` names."""
-    path = pathlib.Path(model_dir) / "recipe.toml"
-    if not path.is_file():
-        raise FileNotFoundError(f"{model_dir}: its checkpoints hold only adapters, and no recipe.toml names their base")
-    init = load_recipe(path).run.init_checkpoint
-    trainer.init_state(None if init is None else initial_params(init, trainer.model_config, trainer.mesh))
-
-
 def make_trainer(recipe: Recipe) -> Trainer:
     """The recipe's model and optimizer on its mesh, with its axis rules."""
     return Trainer(recipe.model_config(), recipe.optimizer, recipe.make_mesh(), recipe.rules())
-
-
-def run_recipe(recipe: Recipe, *, on_log=None, progress: bool = True, trainer: Trainer | None = None):
-    """Train as `recipe` says, resuming its run directory where its checkpoints end; write the
-    resolved recipe there as `recipe.toml`. `trainer` (one the recipe's model and optimizer
-    describe) saves compiling again. Returns (trainer, TrainResult)."""
-    from t5nb import tasks
-
-    if jax.process_count() > 1 and recipe.run.decoded_sample:
-        raise RecipeError(f"{recipe.source}: run.decoded_sample works in one process; set it to 0 and score "
-                          "the checkpoints with `t5nb eval`")
-    recipe = recipe.resolved()
-    config = recipe.model_config()
-    if trainer is None:
-        trainer = make_trainer(recipe)
-    elif (trainer.model_config, trainer.train_config) != (config, recipe.optimizer):
-        raise ValueError("the trainer given differs from the recipe's model or optimizer")
-    model_dir = pathlib.Path(recipe.run.model_dir)
-    resuming = (model_dir / "checkpoints").is_dir() and any((model_dir / "checkpoints").iterdir())
-    if resuming and adapters.has_adapters(config) and (model_dir / "recipe.toml").is_file():
-        base = load_recipe(model_dir / "recipe.toml").run.init_checkpoint
-        if base != recipe.run.init_checkpoint:
-            raise RecipeError(f"{model_dir} trained adapters on {base}; refusing to resume them on "
-                              f"{recipe.run.init_checkpoint} (run.init_checkpoint)")
-    params = None  # a resumed run's checkpoints hold what it trained; its frozen base is read again
-    if recipe.run.init_checkpoint and not (resuming and not adapters.has_adapters(config)):
-        params = initial_params(recipe.run.init_checkpoint, config, trainer.mesh)
-    data = recipe.data
-    batches = tasks.BatchIterator(data.task, feature_lengths(recipe), data.batch_size, pack=data.pack, seed=data.seed)
-    if jax.process_index() == 0:
-        model_dir.mkdir(parents=True, exist_ok=True)
-        (model_dir / "recipe.toml").write_text(recipe.to_toml())
-    result = train(trainer, batches, recipe.run.steps, model_dir,
-                   state=None if params is None else trainer.init_state(params),
-                   checkpoint_every=recipe.run.checkpoint_every, keep_checkpoints=recipe.run.keep_checkpoints,
-                   log_every=recipe.run.log_every, task_name=batches.task.name, on_log=on_log,
-                   progress=progress and jax.process_index() == 0, **validation(recipe))
-    return trainer, result

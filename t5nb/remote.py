@@ -86,7 +86,7 @@ def fetch(url: str) -> str:
         return str(path)
     try:
         if scheme == "hf":
-            import huggingface_hub
+            import huggingface_hub  # only a hf:// path fetched for real needs it
 
             repo_type, repo_id, filename = _hub_parts(rest)
             return huggingface_hub.hf_hub_download(repo_id, filename, repo_type=repo_type)
@@ -116,7 +116,7 @@ def list_files(repo_url: str) -> list[str]:
         return sorted(str(path.relative_to(root)) for path in root.rglob("*") if path.is_file())
     repo_type, repo_id, _ = _hub_parts(rest.rstrip("/") + "/")  # no file: the repository itself
     try:
-        import huggingface_hub
+        import huggingface_hub  # only a hf:// listing for real needs it
 
         return sorted(huggingface_hub.list_repo_files(repo_id, repo_type=repo_type))
     except Exception as error:  # no network (httpx), a rate limit or no such repository (huggingface_hub)

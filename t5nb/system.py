@@ -25,7 +25,7 @@ def keep_runs_on_drive(folder: str = "t5nb/runs") -> str:
     notebook finds notebook 02's pretraining there. Returns the folder; elsewhere, refuses."""
     if not in_colab():
         raise RuntimeError("keep_runs_on_drive is for Colab; elsewhere runs stay in T5NB_RUNS_DIR or runs/")
-    from google.colab import drive
+    from google.colab import drive  # exists on Colab only
 
     drive.mount(DRIVE)
     path = f"{DRIVE}/MyDrive/{folder}"

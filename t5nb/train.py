@@ -1,4 +1,6 @@
-"""Training: T5X's loss and optimizer, sharded jitted train/eval steps, and the training loop."""
+"""The training loop: `train()` runs a `Trainer`'s step and the periodic actions `MetricsLog`,
+`Validation` and `Saving`, resuming from a run's checkpoints and stopping cleanly on a signal;
+`run_recipe` trains as a recipe says (`t5nb train` and the course's workflow both call it)."""
 import dataclasses
 import json
 import math
@@ -11,318 +13,24 @@ import warnings
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from t5nb import _tensorflow  # noqa: F401, I001  (first: TensorFlow for tf.data only, accelerators hidden)
 from clu import metric_writers
-from flax import nnx, struct
 from tqdm.auto import tqdm
 
-from t5nb import adapters
-from t5nb import mesh as mesh_lib
-from t5nb.config import EXECUTION_FIELDS, T5Config
+from t5nb.checkpoints import RunCheckpoints, resume_step
+from t5nb.config import EXECUTION_FIELDS
 from t5nb.event_logs import logged_steps
-from t5nb.model import Transformer
-from t5nb.checkpoints import RunCheckpoints
 from t5nb.system import time_matmul
-from t5nb.tasks import check_vocabulary
+from t5nb import adapters, evaluate, tasks
+from t5nb.recipe import Recipe, RecipeError, feature_lengths, load_recipe, make_trainer
+from t5nb.restore import initial_params
+from t5nb.trainer import Trainer, TrainState, finalize, teacher_forced
 
 # Dense bf16 peak FLOP/s per chip, for the MFU estimate (CPU: measured at start instead).
 PEAK_FLOPS = {"TPU v5 lite": 197e12, "TPU v4": 275e12, "TPU v3": 123e12, "TPU v2": 45e12,
               "NVIDIA H100": 989e12, "NVIDIA H200": 989e12, "NVIDIA A100": 312e12, "Tesla T4": 65e12,
               "NVIDIA L4": 121e12}
 
-
-@dataclasses.dataclass(frozen=True)
-class TrainConfig:
-    """How to optimise. `learning_rate=None` is T5X's pretraining `rsqrt_decay` with warmup."""
-
-    learning_rate: float | None = None  # fine-tuning: 1e-3 constant, as in T5X
-    warmup_steps: int = 10_000
-    optimizer: str = "adafactor"  # or "adamw"
-    # Adafactor's steps relative to each parameter's scale (T5X's default); off for adapters that
-    # start at zero (LoRA's B), as prompt tuning (Lester et al. 2021) turns it off
-    parameter_scale: bool = True
-    z_loss: float = 1e-4
-    label_smoothing: float = 0.0
-    loss_normalizing_factor: float | None = None  # 233472 (2048*114) for MTF checkpoints
-    grad_accum_steps: int = 1
-    seed: int = 0
-
-    def __post_init__(self):
-        def refuse(name, expected):
-            raise ValueError(f"TrainConfig.{name} must be {expected}, got {getattr(self, name)!r}")
-
-        if self.learning_rate is not None and not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
-            refuse("learning_rate", "a positive number (or None: rsqrt decay)")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 1:
-            refuse("warmup_steps", "a positive number of steps")
-        if self.optimizer not in ("adafactor", "adamw"):
-            refuse("optimizer", "'adafactor' or 'adamw'")
-        if not self.z_loss >= 0:
-            refuse("z_loss", "at least 0")
-        if not 0 <= self.label_smoothing < 1:
-            refuse("label_smoothing", "in [0, 1)")
-        if self.loss_normalizing_factor is not None and not self.loss_normalizing_factor > 0:
-            refuse("loss_normalizing_factor", "positive (or None: the number of target tokens)")
-        if not isinstance(self.grad_accum_steps, int) or self.grad_accum_steps < 1:
-            refuse("grad_accum_steps", "a positive whole number")
-
-
-def learning_rate_schedule(config: TrainConfig):
-    if config.learning_rate is not None:
-        return optax.constant_schedule(config.learning_rate)
-    return lambda step: 1.0 / jnp.sqrt(jnp.maximum(step, config.warmup_steps))
-
-
-def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    """optax's Adafactor with T5X's defaults, or AdamW."""
-    schedule = learning_rate_schedule(config)
-    if config.optimizer == "adafactor":
-        return optax.adafactor(schedule, decay_rate=0.8, clipping_threshold=1.0,
-                               multiply_by_parameter_scale=config.parameter_scale, min_dim_size_to_factor=128)
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
-
-
-def cross_entropy_with_z_loss(logits, targets, z_loss=1e-4, label_smoothing=0.0):
-    """T5X's loss per position: smoothed cross-entropy + z_loss * log(Z)^2 (and that term alone)."""
-    vocab = logits.shape[-1]
-    confidence, low = 1.0 - label_smoothing, label_smoothing / (vocab - 1)
-    normalizer = -(confidence * math.log(confidence) + (vocab - 1) * low * math.log(low + 1e-20))
-    log_z = jax.nn.logsumexp(logits, axis=-1)
-    target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    # -sum(soft_targets * log_softmax) without materialising the one-hot [b, q, v]
-    loss = log_z - (confidence - low) * target_logit - low * jnp.sum(logits, axis=-1) - normalizer
-    z_term = z_loss * jnp.square(log_z)
-    return loss + z_term, z_term
-
-
-def is_argmax(logits, targets):
-    """argmax(logits) == targets, ties going to the first index as argmax's do, in two plain
-    reduces (a max, then a min over the indices holding it): XLA:CPU's variadic argmax
-    reduce took 50 ms per step on a 32k vocabulary."""
-    top = jnp.max(logits, axis=-1, keepdims=True)
-    index = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)
-    first_top = jnp.min(jnp.where(logits == top, index, logits.shape[-1]), axis=-1)
-    return first_top == targets
-
-
-@struct.dataclass
-class TrainState:
-    step: jax.Array
-    params: dict  # the trained float32 parameters in t5nb's nested dict (`checkpoints.params_of`): all, or the adapters
-    opt_state: optax.OptState
-
-
-def _loss_weights(batch):
-    if "decoder_loss_weights" in batch:
-        return batch["decoder_loss_weights"].astype(jnp.float32)
-    return (batch["decoder_target_tokens"] > 0).astype(jnp.float32)
-
-
-class Trainer:
-    """A model on a mesh, with its compiled, sharded train and eval steps.
-
-    A model with adapters (`t5nb.adapters`: LoRA, a prompt) trains only those: the train state
-    holds them and their optimizer state, and `frozen` the rest, an input of the steps that gets
-    no gradient. `model(params)` joins the two."""
-
-    def __init__(self, model_config: T5Config, train_config: TrainConfig, mesh=None,
-                 rules=mesh_lib.STANDARD_RULES):
-        self.model_config, self.train_config = model_config, train_config
-        self.mesh = mesh if mesh is not None else mesh_lib.make_mesh()
-        self.rules = rules
-        self.optimizer = make_optimizer(train_config)
-        abstract = nnx.eval_shape(lambda: Transformer(model_config, rngs=nnx.Rngs(0)))
-        self.graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-        self.param_state = abstract_params  # keeps the logical axis metadata
-        self.param_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(abstract_params, self.mesh, rules))
-        self.trainable_shardings, self.frozen_shardings = adapters.split(model_config, self.param_shardings)
-        # the parameters' shapes and dtypes, trained and frozen, as `init_params` makes them
-        self._abstract_trainable, self._abstract_frozen = adapters.split(model_config, nnx.to_pure_dict(abstract_params))
-        self._frozen = None if adapters.has_adapters(model_config) else {}
-        self.batch_sharding = mesh_lib.batch_sharding(self.mesh)
-        self._replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-        self.compile_seconds = None
-        self._train_step = self._eval_step = None
-
-    # -- state ---------------------------------------------------------------------------
-    def init_params(self, seed: int | None = None) -> dict:
-        """Randomly initialised parameters, created directly with their shardings."""
-        seed = self.train_config.seed if seed is None else seed
-
-        def create():
-            return nnx.to_pure_dict(nnx.state(Transformer(self.model_config, rngs=nnx.Rngs(seed)), nnx.Param))
-
-        return jax.jit(create, out_shardings=self.param_shardings)()
-
-    def init_state(self, params: dict | None = None) -> TrainState:
-        """Step 0 with a copy of `params` (all of the model's, e.g. from a checkpoint; the train
-        step donates its state, the caller's arrays survive) or a fresh initialisation. With
-        adapters, their frozen base becomes `frozen`."""
-        params = self.init_params() if params is None else jax.device_put(jax.tree.map(jnp.copy, params),
-                                                                           self.param_shardings)
-        params, self._frozen = adapters.split(self.model_config, params)
-        opt_state = jax.jit(self.optimizer.init, out_shardings=self._opt_state_shardings(params))(params)
-        step = jax.device_put(jnp.zeros((), jnp.int32), self._replicated)
-        return TrainState(step=step, params=params, opt_state=opt_state)
-
-    @property
-    def frozen(self) -> dict:
-        """The parameters that do not train: none, or an adapted model's base (from `init_state`;
-        before it, the seed's initialisation)."""
-        if self._frozen is None:
-            self._frozen = adapters.split(self.model_config, self.init_params())[1]
-        return self._frozen
-
-    def abstract_state(self) -> TrainState:
-        """The train state's shapes, dtypes and shardings, nothing allocated: what to restore into."""
-        params = self._abstract_trainable
-        abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
-                              opt_state=jax.eval_shape(self.optimizer.init, params))
-        shardings = TrainState(step=self._replicated, params=self.trainable_shardings,
-                               opt_state=self._opt_state_shardings(params))
-        return jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                            abstract, shardings)
-
-    def _opt_state_shardings(self, params):
-        """Optimizer statistics shaped like their parameter share its sharding; the rest
-        (Adafactor's factored rows/columns, counters) are replicated."""
-        abstract = jax.eval_shape(self.optimizer.init, params)
-        return optax.tree_map_params(
-            self.optimizer,
-            lambda leaf, param, sharding: sharding if leaf.shape == param.shape else self._replicated,
-            abstract, params, self.trainable_shardings,
-            transform_non_params=lambda _: self._replicated)
-
-    def model(self, params) -> Transformer:
-        """The NNX module holding `params` (for decoding, inspection, export), joined with
-        `frozen` if they are a train state's trained parameters."""
-        return self._module(adapters.merge(self.frozen, params) if self.frozen else params)
-
-    def _module(self, params) -> Transformer:
-        """The NNX module holding all of its parameters, `params` (traced or not)."""
-        state = jax.tree.map(lambda x: x, self.param_state)  # a fresh copy of the template
-        nnx.replace_by_pure_dict(state, params)
-        return nnx.merge(self.graphdef, state)
-
-    def shard_batch(self, batch: dict) -> dict:
-        """Process-local numpy batch -> global arrays split over 'data'."""
-        data = self.mesh.shape["data"] * self.train_config.grad_accum_steps
-        for name, array in batch.items():
-            global_rows = array.shape[0] * jax.process_count()
-            if global_rows % data:
-                raise ValueError(f"global batch {global_rows} ({name}) is not divisible by the "
-                                 f"data-parallel degree {self.mesh.shape['data']} x grad_accum_steps "
-                                 f"{self.train_config.grad_accum_steps}")
-        return {name: jax.make_array_from_process_local_data(self.batch_sharding, np.asarray(array))
-                for name, array in batch.items()}
-
-    # -- steps ---------------------------------------------------------------------------
-    def _sums(self, params, frozen, batch, dropout_key):
-        """Summed loss (what we differentiate, with respect to `params`) and the metric sums of
-        one (micro)batch."""
-        model = self._module(adapters.merge(frozen, params))
-        rngs = nnx.Rngs(dropout=dropout_key) if dropout_key is not None else None
-        logits = model(batch["encoder_input_tokens"], batch["decoder_input_tokens"], batch["decoder_target_tokens"],
-                       batch.get("encoder_segment_ids"), batch.get("decoder_segment_ids"), rngs=rngs)
-        targets, weights = batch["decoder_target_tokens"], _loss_weights(batch)
-        loss, z_term = cross_entropy_with_z_loss(logits, targets, self.train_config.z_loss,
-                                                 self.train_config.label_smoothing)
-        sums = {"loss": jnp.sum(loss * weights), "z_loss": jnp.sum(z_term * weights),
-                "correct": jnp.sum(is_argmax(logits, targets) * weights), "weight": jnp.sum(weights),
-                "sequences": jnp.sum(jnp.any(weights > 0, axis=-1))}
-        return sums["loss"], sums
-
-    def _train_step_fn(self, state: TrainState, frozen: dict, batch):
-        cfg = self.train_config
-        dropout_key = (jax.random.fold_in(jax.random.key(cfg.seed), state.step)
-                       if self.model_config.dropout_rate > 0 else None)
-        grad_fn = jax.grad(self._sums, has_aux=True)
-        if cfg.grad_accum_steps == 1:
-            grads, sums = grad_fn(state.params, frozen, batch, dropout_key)
-        else:
-            micro = jax.tree.map(lambda x: x.reshape(cfg.grad_accum_steps, -1, *x.shape[1:]), batch)
-
-            def accumulate(carry, inputs):
-                index, microbatch = inputs
-                key = None if dropout_key is None else jax.random.fold_in(dropout_key, index)
-                grads, sums = grad_fn(state.params, frozen, microbatch, key)
-                return jax.tree.map(jnp.add, carry, (grads, sums)), None
-
-            zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, state.params, frozen,
-                                                                jax.tree.map(lambda x: x[0], micro), dropout_key))
-            (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(cfg.grad_accum_steps), micro))
-        normalizer = cfg.loss_normalizing_factor or jnp.maximum(sums["weight"], 1.0)
-        grads = jax.tree.map(lambda g: g / normalizer, grads)
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        sums = {**sums, "grad_norm": optax.global_norm(grads),
-                "learning_rate": learning_rate_schedule(cfg)(state.step)}
-        return TrainState(step=state.step + 1, params=params, opt_state=opt_state), sums
-
-    def compile_train_step(self, state: TrainState, batch: dict):
-        """The train step compiled for `state` and `batch`: arrays, or `ShapeDtypeStruct`s with
-        shardings (`abstract_state()`), which compile it without allocating anything."""
-        state_shardings = jax.tree.map(lambda x: x.sharding, state)
-        frozen = jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
-                              self._abstract_frozen, self.frozen_shardings)  # abstract, as `state` may be
-        jitted = jax.jit(self._train_step_fn, in_shardings=(state_shardings, self.frozen_shardings, self.batch_sharding),
-                         out_shardings=(state_shardings, None), donate_argnums=0)
-        with mesh_lib.activation_sharding(self.mesh, self.rules):
-            return jitted.lower(state, frozen, batch).compile()
-
-    def train_step(self, state: TrainState, batch: dict):
-        """One optimizer step on a sharded batch; returns the new state and metric sums."""
-        if self._train_step is None:
-            start = time.perf_counter()
-            self._train_step = self.compile_train_step(state, batch)
-            self.compile_seconds = time.perf_counter() - start
-        return self._train_step(state, self.frozen, batch)
-
-    def eval_step(self, params: dict, batch: dict) -> dict:
-        """Teacher-forced metric sums on a batch (T5X's train_eval); `params` as the state holds them."""
-        if self._eval_step is None:
-            with mesh_lib.activation_sharding(self.mesh, self.rules):
-                self._eval_step = jax.jit(lambda p, f, b: self._sums(p, f, b, None)[1]).lower(
-                    params, self.frozen, batch).compile()
-        return self._eval_step(params, self.frozen, batch)
-
-    def train_step_memory(self, batch: dict) -> int:
-        """Bytes of the compiled train step at its peak, as XLA plans them: arguments (state,
-        frozen parameters, batch), outputs and temporaries, less what outputs reuse of arguments.
-        Compiles the step for `batch` (numpy, this process's rows) unless it has run."""
-        compiled = self._train_step or self.compile_train_step(self.abstract_state(), self.shard_batch(batch))
-        memory = compiled.memory_analysis()
-        return (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
-                - memory.alias_size_in_bytes)
-
-    def step_flops(self) -> float | None:
-        """FLOPs of one train step from XLA's cost analysis of the compiled step."""
-        analysis = self._train_step.cost_analysis() if self._train_step is not None else None
-        if isinstance(analysis, list):
-            analysis = analysis[0] if analysis else None
-        return float(analysis["flops"]) if analysis and "flops" in analysis else None
-
-
-def finalize(sums: dict) -> dict:
-    """Metric sums (host numpy) -> per-token averages, as logged."""
-    weight = max(float(sums["weight"]), 1.0)
-    out = {"loss": sums["loss"] / weight, "z_loss": sums["z_loss"] / weight, "accuracy": sums["correct"] / weight}
-    for name in ("grad_norm", "learning_rate"):
-        if name in sums:
-            out[name] = sums[name]
-    return {name: float(value) for name, value in out.items()}
-
-
-def teacher_forced(trainer: Trainer, params: dict, batches) -> dict:
-    """Teacher-forced loss and token accuracy over an iterable of batches."""
-    total = None
-    for batch in batches:
-        sums = trainer.eval_step(params, trainer.shard_batch(batch))
-        total = sums if total is None else jax.tree.map(jnp.add, total, sums)
-    if total is None:
-        raise ValueError("teacher_forced() got no batches")
-    return finalize(jax.device_get(total))
 
 
 VALIDATION = "validation/"  # the prefix of evaluation metrics in `on_log`
@@ -374,7 +82,7 @@ def record_config(model_dir: pathlib.Path, trainer: Trainer, resuming: bool) -> 
     if refused := {**model_changes, **{k: v for k, v in train_changes.items() if k == "optimizer"}}:
         raise ValueError(f"{model_dir} holds checkpoints of another model or optimizer; refusing to resume it with "
                          + ", ".join(f"{k}={new!r} (saved: {old!r})" for k, (old, new) in refused.items())
-                         + ". Use a new model_dir, or the saved configuration (t5nb.evaluate.run_config).")
+                         + ". Use a new model_dir, or the saved configuration (t5nb.checkpoints.run_config).")
     if train_changes:
         warnings.warn(f"resuming {model_dir} with changed training settings "
                       + ", ".join(f"{k}={new!r} (was {old!r})" for k, (old, new) in train_changes.items())
@@ -544,11 +252,11 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be a number of steps (0: never), got {value!r}")
     if hasattr(batches, "task"):
-        check_vocabulary(trainer.model_config.vocab_size, batches.task)
+        tasks.check_vocabulary(trainer.model_config.vocab_size, batches.task)
     model_dir = pathlib.Path(model_dir)
     model_dir.mkdir(parents=True, exist_ok=True)
+    resuming = checkpoint_every > 0 and resume_step(model_dir) is not None
     checkpoints = RunCheckpoints(model_dir / "checkpoints", keep_checkpoints) if checkpoint_every else None
-    resuming = checkpoints is not None and checkpoints.latest_step() is not None
     record_config(model_dir, trainer, resuming)
     if resuming:
         state = checkpoints.restore_latest(trainer.abstract_state(), batches)
@@ -590,3 +298,60 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
         writer.flush()
         eval_writer.flush()
     return TrainResult(state=state, history=history, train_eval=validations, model_dir=model_dir)
+
+
+# -- a run from a recipe ----------------------------------------------------------------------
+def recipe_validation(recipe: Recipe) -> dict:
+    """`train()`'s validation settings: every `run.eval_every` steps, the loss on the first
+    `run.eval_batches` batches of the task's validation split (none if it has no such split,
+    or less than a batch) and the task's metrics on `run.decoded_sample` examples decoded."""
+    task = tasks.get_task(recipe.data.task)
+    if not recipe.run.eval_every or "validation" not in task.splits:
+        return {}
+    settings = dict(eval_every=recipe.run.eval_every)
+    lengths = feature_lengths(recipe)
+    if recipe.run.decoded_sample and any(sub.metric_fns for sub in getattr(task, "tasks", [task])):
+        settings["decoded_eval"] = evaluate.decoded_sample(task, lengths, recipe.run.decoded_sample)
+    batches = tasks.validation_batches(task, lengths, recipe.data.batch_size, recipe.run.eval_batches)
+    if batches:
+        settings["eval_batches"] = lambda: batches
+    else:
+        warnings.warn(f"task {task.name!r}: its validation split holds less than one batch of "
+                      f"{recipe.data.batch_size} examples, so this run has no validation loss curve", stacklevel=3)
+    return settings
+
+
+def run_recipe(recipe: Recipe, *, on_log=None, progress: bool = True, trainer: Trainer | None = None):
+    """Train as `recipe` says, resuming its run directory where its checkpoints end; write the
+    resolved recipe there as `recipe.toml`. `trainer` (one the recipe's model and optimizer
+    describe) saves compiling again. Returns (trainer, TrainResult)."""
+    if jax.process_count() > 1 and recipe.run.decoded_sample:
+        raise RecipeError(f"{recipe.source}: run.decoded_sample works in one process; set it to 0 and score "
+                          "the checkpoints with `t5nb eval`")
+    recipe = recipe.resolved()
+    config = recipe.model_config()
+    if trainer is None:
+        trainer = make_trainer(recipe)
+    elif (trainer.model_config, trainer.train_config) != (config, recipe.optimizer):
+        raise ValueError("the trainer given differs from the recipe's model or optimizer")
+    model_dir = pathlib.Path(recipe.run.model_dir)
+    resuming = recipe.run.checkpoint_every > 0 and resume_step(model_dir) is not None
+    if resuming and adapters.has_adapters(config) and (model_dir / "recipe.toml").is_file():
+        base = load_recipe(model_dir / "recipe.toml").run.init_checkpoint
+        if base != recipe.run.init_checkpoint:
+            raise RecipeError(f"{model_dir} trained adapters on {base}; refusing to resume them on "
+                              f"{recipe.run.init_checkpoint} (run.init_checkpoint)")
+    params = None  # a resumed run's checkpoints hold what it trained; its frozen base is read again
+    if recipe.run.init_checkpoint and not (resuming and not adapters.has_adapters(config)):
+        params = initial_params(recipe.run.init_checkpoint, config, trainer.mesh)
+    data = recipe.data
+    batches = tasks.BatchIterator(data.task, feature_lengths(recipe), data.batch_size, pack=data.pack, seed=data.seed)
+    if jax.process_index() == 0:
+        model_dir.mkdir(parents=True, exist_ok=True)
+        (model_dir / "recipe.toml").write_text(recipe.to_toml())
+    result = train(trainer, batches, recipe.run.steps, model_dir,
+                   state=None if params is None else trainer.init_state(params),
+                   checkpoint_every=recipe.run.checkpoint_every, keep_checkpoints=recipe.run.keep_checkpoints,
+                   log_every=recipe.run.log_every, task_name=batches.task.name, on_log=on_log,
+                   progress=progress and jax.process_index() == 0, **recipe_validation(recipe))
+    return trainer, result

@@ -32,7 +32,7 @@ class AskWidget:
         return answer
 
     def _ipython_display_(self):
-        from IPython.display import display
+        from IPython.display import display  # optional: shown only in a notebook
 
         display(self.view)
 
@@ -42,7 +42,7 @@ def tensorboard(*logdirs, height: int = 560) -> None:
     Colab and in Jupyter. Start it before training and the curves fill in as the runs write
     them (it rereads the logs every 5 s), even for runs that do not exist yet. A server this
     call starts stops when the kernel exits; one already serving the same runs is reused."""
-    from tensorboard import manager, notebook
+    from tensorboard import manager, notebook  # heavy, and only inline TensorBoard needs it
 
     tensorboard_command = pathlib.Path(sys.executable).with_name("tensorboard")  # the kernel's own
     if tensorboard_command.exists():

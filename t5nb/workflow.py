@@ -16,9 +16,11 @@ import numpy as np
 from t5nb import adapters, evaluate, tasks
 from t5nb.paths import REPO_ROOT
 from t5nb.profiles import Profile
-from t5nb.recipe import Data, Recipe, Run, is_t5x_checkpoint, make_trainer, run_recipe
+from t5nb.checkpoints import is_t5x_checkpoint
+from t5nb.recipe import Data, Recipe, Run, make_trainer
 from t5nb.system import in_colab
-from t5nb.train import Trainer, TrainConfig, TrainResult, teacher_forced
+from t5nb.train import TrainResult, run_recipe
+from t5nb.trainer import Trainer, TrainConfig, teacher_forced
 
 
 def runs_dir() -> pathlib.Path:
@@ -211,7 +213,7 @@ def compare_fine_tuning(profile: Profile, init) -> dict:
 
 def teacher_forced_and_decoded(profile: Profile, task, trainer: Trainer, result: TrainResult) -> tuple[dict, dict]:
     """T5X's two evaluations of a run's final state on `task`'s validation split: teacher-forced
-    loss and token accuracy (`train.teacher_forced`, T5X's train_eval) over all full batches, and the
+    loss and token accuracy (`trainer.teacher_forced`, T5X's train_eval) over all full batches, and the
     task's metrics on decoded answers (`evaluate.infer_eval`)."""
     lengths = finetune_lengths(profile)
     validation_split = tasks.BatchIterator(task, lengths, profile.batch_size, split="validation", shuffle=False,

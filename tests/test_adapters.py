@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from t5nb import adapters, checkpoints, evaluate, tasks
+from t5nb import adapters, checkpoints, restore, tasks
 from t5nb.config import LORA_TARGETS, get_config
 from t5nb.model import Transformer, shift_right
-from t5nb.recipe import load_recipe, run_recipe
+from t5nb.recipe import load_recipe
+from t5nb.train import run_recipe
 from t5nb.paths import REPO_ROOT
 
 FACTS = tasks.get_vocabulary("facts").vocab_size
@@ -140,7 +141,7 @@ def test_an_adapter_run_trains_only_its_adapters_and_keeps_only_them(base_run, k
                          for path in named)
     assert adapters.count(result.state.opt_state) < 3 * adapters.count(result.state.params) + 100
     # the run directory loads as the adapted model: its adapters on the base its recipe names
-    model, step = evaluate.load_model(result.model_dir)
+    model, step = restore.load_model(result.model_dir)
     assert step == 4 and model.config == config
     np.testing.assert_array_equal(logits(model), logits(trainer.model(result.state.params)))
     if kind == "prompt":  # its checkpoint: under 1% of the full fine-tuning's

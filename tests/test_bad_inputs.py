@@ -15,11 +15,12 @@ import pytest
 from flax import nnx, serialization, traverse_util
 
 import t5nb.tasks as tasks
-from t5nb import checkpoints, cli, decode, evaluate, mesh
+from t5nb import checkpoints, cli, decode, mesh, restore
 from t5nb.config import get_config
 from t5nb.model import Transformer
 from t5nb.checkpoints import RunCheckpoints
-from t5nb.train import TrainConfig, Trainer, train
+from t5nb.train import train
+from t5nb.trainer import TrainConfig, Trainer
 
 FACTS_IDS = tasks.get_vocabulary("facts").vocab_size  # 1124
 CONFIG = get_config("t5.1.1-tiny", vocab_size=FACTS_IDS, dropout_rate=0.0)
@@ -196,7 +197,7 @@ CASES = [
     call("t5x-infinite-weights", lambda env: checkpoints.load_t5x(
         t5x_file(env, with_param(env.model, "decoder/logits_dense/kernel", math.inf)), CONFIG),
          RuntimeWarning, "checkpoint", "NaN or infinite", "decoder/logits_dense/kernel"),
-    call("own-run-nan-weights", lambda env: evaluate.load_model(env.run_dir, 2),
+    call("own-run-nan-weights", lambda env: restore.load_model(env.run_dir, 2),
          RuntimeWarning, "checkpoints/2", "NaN or infinite", "encoder/encoder_norm/scale"),
     call("hf-without-weights-t5nb-reads", lambda env: checkpoints.load_hf(hf_copy(
         env, lambda d: (d / "model.safetensors").rename(d / "tf_model.h5"))),
@@ -214,7 +215,7 @@ CASES = [
          checkpoints.CheckpointError, "checkpoint: not a T5X checkpoint", "msgpack"),
     call("t5x-config-by-name", lambda env: checkpoints.load_t5x(t5x_file(env, env.model), "t5.1.1-tiny"),
          TypeError, "config must be a T5Config", "str"),
-    call("load-missing-directory", lambda env: evaluate.load_model(env.tmp / "nowhere"),
+    call("load-missing-directory", lambda env: restore.load_model(env.tmp / "nowhere"),
          FileNotFoundError, "nowhere", "no such directory", "config.json and checkpoints/<step>/"),
     # -- the command line ------------------------------------------------------------------
     command("batch-size-zero", lambda env: eval_argv(env.run_dir, "--batch-size", "0"),

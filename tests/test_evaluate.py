@@ -12,10 +12,11 @@ import t5.evaluation.metrics
 from clu import metric_writers
 
 import t5nb.tasks as tasks
-from t5nb import cli, decode, evaluate
+from t5nb import cli, decode, evaluate, restore
 from t5nb.config import get_config
 from t5nb.checkpoints import RunCheckpoints
-from t5nb.train import TrainConfig, Trainer, record_config
+from t5nb.train import record_config
+from t5nb.trainer import TrainConfig, Trainer
 
 DATA_DIR = os.environ.get("T5NB_DATA_DIR")
 LENGTHS = {"inputs": 32, "targets": 8}
@@ -119,7 +120,7 @@ def test_infer_command_matches_eval_predictions_and_scores(run_dir, tmp_path):
     assert [r["prediction"] for r in rows] == [r["prediction"] for r in eval_rows]
     np.testing.assert_allclose([r["score"] for r in rows], [r["score"] for r in eval_rows], rtol=1e-5)
 
-    model, step = evaluate.load_model(run_dir)
+    model, step = restore.load_model(run_dir)
     assert step == 2
     predictor = decode.Predictor(model, tasks.QA, input_length=32, max_decode_length=8)
     assert predictor(questions[0]) == rows[0]["prediction"]

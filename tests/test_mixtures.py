@@ -12,7 +12,7 @@ import t5nb.tasks as tasks
 from t5nb import decode, evaluate
 from t5nb.config import get_config
 from t5nb.model import Transformer
-from t5nb.tasks.recipes import add_mixture
+from t5nb.tasks.pieces import add_mixture
 from t5nb.tasks.world import QA_PREFIX
 
 LENGTHS = {"inputs": 32, "targets": 8}

@@ -15,7 +15,7 @@ import pytest
 import seqio
 
 import t5nb
-from t5nb import checkpoints, cli, evaluate, workflow
+from t5nb import checkpoints, cli, restore, workflow
 from t5nb.paths import REPO_ROOT
 from t5nb.recipe import Recipe, RecipeError, load_recipe, make_trainer
 
@@ -124,11 +124,12 @@ def test_multi_host_flags_go_together(capsys):
 
 
 # -- runs of the command -----------------------------------------------------------------------
-def start(tmp_path, model_dir, name, *extra, devices=1, delay=0.0, changes=()):
+def start(tmp_path, model_dir, name, *extra, devices=1, delay=0.0, save_delay=0.0, changes=()):
     """`t5nb train` of the small course recipe (with `changes`) into `model_dir`, in its own process."""
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
            "JAX_COMPILATION_CACHE_DIR": str(tmp_path.parent / "jax_cache"),
-           "T5NB_TEST_BATCHES_OUT": str(tmp_path / f"{name}.batches"), "T5NB_TEST_BATCH_DELAY": str(delay)}
+           "T5NB_TEST_BATCHES_OUT": str(tmp_path / f"{name}.batches"), "T5NB_TEST_BATCH_DELAY": str(delay),
+           "T5NB_TEST_SAVE_DELAY": str(save_delay)}
     settings = [value for assignment in [*SMALL, *changes, f"run.model_dir={model_dir}"] for value in ("--set", assignment)]
     return subprocess.Popen([sys.executable, str(COMMAND), "train", str(COURSE), *settings, *map(str, extra)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -149,7 +150,7 @@ def two_processes(tmp_path, model_dir, name, delay=0.0):
 
 
 def final_params(model_dir) -> dict:
-    model, step = evaluate.load_model(model_dir)
+    model, step = restore.load_model(model_dir)
     assert step == 12
     return checkpoints.flatten(checkpoints.params_of(model))
 
@@ -207,6 +208,25 @@ def test_a_lora_run_resumes_after_sigkill_bit_exactly(tmp_path, straight):
     expected, got = final_params(tmp_path / "lora"), final_params(tmp_path / "resumed")
     assert_same_params(expected, got)
     assert any(np.any(expected[name]) for name in expected if name.endswith("lora_b"))  # the adapters trained
+
+
+def test_a_fine_tune_killed_during_its_first_save_starts_again_from_its_checkpoint(tmp_path, straight):
+    """The rerun finds no finished step, only orbax's temporary folder: it removes that, saying
+    so, and fine-tunes from run.init_checkpoint again (never from random weights)."""
+    tune = [f"run.init_checkpoint={straight[1]}", "optimizer.learning_rate=0.01"]
+    finish(start(tmp_path, tmp_path / "tuned", "tuned", changes=tune))
+    model_dir = tmp_path / "killed"
+    process = start(tmp_path, model_dir, "killed", save_delay=30, changes=tune)
+    deadline = time.time() + 300
+    while not list((model_dir / "checkpoints").glob("4.orbax-checkpoint-tmp*")):
+        assert process.poll() is None and time.time() < deadline, "no save of step 4 began before the run ended"
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert checkpoints.checkpoint_steps(model_dir) == []  # killed before its first step was finished
+    output = finish(start(tmp_path, model_dir, "resumed", changes=tune))
+    assert "4.orbax-checkpoint-tmp" in output and "removed, an unfinished checkpoint" in output
+    assert_same_params(final_params(tmp_path / "tuned"), final_params(model_dir))
 
 
 def test_two_processes_through_the_command_equal_one(tmp_path, straight):

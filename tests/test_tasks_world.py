@@ -9,7 +9,7 @@ import tensorflow as tf
 
 import t5nb.tasks as tasks
 from t5nb.tasks import world
-from t5nb.tasks.recipes import salient_span_masking
+from t5nb.tasks.pieces import salient_span_masking
 from t5nb.tasks.vocab import DATA_DIR, EXTRA_IDS, FACTS_VOCAB_SIZE, get_vocabulary, train_vocabulary
 
 LENGTHS = {"inputs": 64, "targets": 16}

@@ -16,7 +16,8 @@ import pytest
 
 from t5nb.config import get_config
 from t5nb.model import shift_right
-from t5nb.train import TrainConfig, Trainer, cross_entropy_with_z_loss, is_argmax, train
+from t5nb.train import train
+from t5nb.trainer import TrainConfig, Trainer, cross_entropy_with_z_loss, is_argmax
 
 WORKER = pathlib.Path(__file__).with_name("train_worker.py")
 

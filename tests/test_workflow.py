@@ -10,7 +10,7 @@ from flax import nnx
 
 import t5nb
 import t5nb.tasks as tasks
-from t5nb import checkpoints, cli, evaluate, workflow
+from t5nb import checkpoints, cli, evaluate, restore, workflow
 from t5nb.config import get_config
 from t5nb.model import Transformer
 from t5nb.recipe import load_recipe
@@ -68,7 +68,7 @@ def checkpoint_of(kind: str, tmp_path):
         checkpoints.save_hf(Transformer(config, rngs=nnx.Rngs(0)), tmp_path / "hf")
         return tmp_path / "hf", checkpoints.load_hf(tmp_path / "hf"), tasks.QA
     _, run = workflow.finetune(PROFILE, tasks.QA, None, num_steps=2, name="first", progress=False)
-    model, step = evaluate.load_model(run.model_dir)
+    model, step = restore.load_model(run.model_dir)
     assert step == 2
     return run.model_dir, model, tasks.QA
 

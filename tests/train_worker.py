@@ -32,7 +32,8 @@ if args.coordinator:
 from t5nb import mesh as mesh_lib  # noqa: E402
 from t5nb.config import get_config  # noqa: E402
 from t5nb.model import shift_right  # noqa: E402
-from t5nb.train import TrainConfig, Trainer, train  # noqa: E402
+from t5nb.train import train  # noqa: E402
+from t5nb.trainer import TrainConfig, Trainer  # noqa: E402
 
 mesh_lib.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
 

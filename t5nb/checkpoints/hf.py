@@ -151,7 +151,7 @@ def _load_torch(path: str) -> dict[str, np.ndarray]:
     """One `pytorch_model.bin` (or shard), read with torch (imported here only) as tensors only:
     the pickle may name no other object."""
     try:
-        import torch
+        import torch  # optional: only pytorch_model.bin needs it
     except ImportError:
         raise ImportError(f"{path}: reading pytorch_model.bin needs PyTorch (pip install torch); or load a "
                           "repository that has model.safetensors or flax_model.msgpack") from None

@@ -1,4 +1,13 @@
-"""Checkpoints of a training run: the train state, the data position and the input pipeline.
+"""A training run's folder on disk: what it holds and its orbax checkpoints.
+
+    <model_dir>/config.json        the model and train config (`run_config`)
+    <model_dir>/recipe.toml        the resolved recipe (`t5nb.recipe`), when a recipe made the run
+    <model_dir>/checkpoints/<step>/ orbax steps (`RunCheckpoints`)
+    <model_dir>/train, training_eval/<task>, inference_eval/<task>   TensorBoard events
+
+What a path names (`model_dir_kind`, `checkpoint_kind`: a run, a Hugging Face directory or a
+T5X checkpoint) and its model configuration are read here without loading any weights; the
+models themselves load in `t5nb.restore`.
 
 Each step's folder `checkpoints/<step>/` holds three orbax items:
 - `state`: the `TrainState` (parameters, optimizer state, step), sharded as on the mesh;
@@ -11,7 +20,10 @@ mid-save leaves the previous steps intact. `restore_latest` falls back to the pr
 with a warning naming both, when the newest cannot be read.
 """
 import dataclasses
+import json
+import os
 import pathlib
+import shutil
 import tempfile
 import warnings
 
@@ -19,6 +31,12 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import future
+
+from t5nb.checkpoints.hf import HF_DIR, hf_weights_file, read_hf_config
+from t5nb.config import T5Config
+
+RUN_DIR = "a training run's directory holds config.json and checkpoints/<step>/"
+UNFINISHED = ".orbax-checkpoint-tmp"  # orbax writes a step under <step><this> and renames it when complete
 
 
 def _process_folder(directory) -> epath.Path:
@@ -128,3 +146,89 @@ class RunCheckpoints:
     def wait(self) -> None:
         self.manager.wait_until_finished()
 
+
+def resume_step(model_dir) -> int | None:
+    """Where the run in `model_dir` starts: the newest finished checkpoint step, to resume from,
+    or None for a fresh start (from its initial checkpoint, or random). The one answer that
+    `t5nb.train` and everything that starts a run use. An unfinished step (orbax's temporary
+    folder, left by a process killed while saving) is never a step: it is removed, each with a
+    one-line warning naming it."""
+    folder = pathlib.Path(model_dir) / "checkpoints"
+    if not folder.is_dir():
+        return None
+    for unfinished in sorted(folder.glob(f"*{UNFINISHED}*")) if jax.process_index() == 0 else ():
+        warnings.warn(f"{unfinished}: removed, an unfinished checkpoint (the process writing it was "
+                      "stopped); the run goes on from its last finished step", stacklevel=2)
+        shutil.rmtree(unfinished, ignore_errors=True)
+    steps = ocp.path.step.checkpoint_steps(folder)  # finished steps only, as `RunCheckpoints` lists them
+    return max(steps) if steps else None
+
+
+# -- reading a run folder ----------------------------------------------------------------------
+def run_config(model_dir) -> tuple[T5Config, dict]:
+    """The model config and train config dict a training run wrote to `<model_dir>/config.json`."""
+    path = pathlib.Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file; {RUN_DIR}")
+    try:
+        saved = json.loads(path.read_text())
+        return T5Config.from_json(saved["model"]), saved["train"]
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"{path}: not a training run's config ({type(error).__name__}: {error})") from None
+
+
+def checkpoint_steps(model_dir) -> list[int]:
+    """Steps of the orbax checkpoints of a training run (empty for a Hugging Face directory)."""
+    if not (pathlib.Path(model_dir) / "checkpoints").is_dir():
+        return []
+    return RunCheckpoints(pathlib.Path(model_dir) / "checkpoints").all_steps()
+
+
+def model_dir_kind(model_dir) -> str:
+    """"run" (a training run with checkpoints) or "hf" (a Hugging Face directory); anything
+    else is refused, naming what the directory holds."""
+    model_dir = pathlib.Path(model_dir)
+    if not model_dir.is_dir():
+        problem = "not a directory" if model_dir.exists() else "no such directory"
+        raise FileNotFoundError(f"{model_dir}: {problem}; {RUN_DIR}, {HF_DIR}")
+    if checkpoint_steps(model_dir):
+        return "run"
+    names = sorted(path.name for path in model_dir.iterdir())
+    if "config.json" in names and hf_weights_file(names):
+        return "hf"
+    if {"checkpoints", "train"} & set(names):  # what `t5nb.train.train` writes
+        raise FileNotFoundError(f"{model_dir}: a training run without checkpoints (checkpoints/<step>/); "
+                                "train with checkpoint_every > 0")
+    raise FileNotFoundError(f"{model_dir}: not a model directory ({RUN_DIR}, {HF_DIR}); "
+                            f"found {', '.join(names) or 'nothing'}")
+
+
+def require_steps(model_dir, steps) -> list[int]:
+    """The run's checkpoint steps; refuses `steps` it does not have, listing those it has."""
+    available = checkpoint_steps(model_dir)
+    missing = sorted(set(steps) - set(available))
+    if missing:
+        raise ValueError(f"{model_dir}: no checkpoint of step {', '.join(map(str, missing))}; "
+                         f"its steps: {', '.join(map(str, available))}")
+    return available
+
+
+def checkpoint_kind(path) -> str:
+    """"hf", "t5x" or "run": what `init_checkpoint` names (anything else is refused, saying what it holds)."""
+    path = os.fspath(path)
+    if path.startswith("hf://"):
+        return "hf"
+    if is_t5x_checkpoint(path):
+        return "t5x"
+    return model_dir_kind(path)
+
+
+def is_t5x_checkpoint(path) -> bool:
+    """Whether `path` names a T5X checkpoint: on GCS, a directory holding `checkpoint`, or a file."""
+    path = os.fspath(path)
+    return path.startswith("gs://") or (pathlib.Path(path) / "checkpoint").is_file() or pathlib.Path(path).is_file()
+
+
+def checkpoint_config(path) -> T5Config:
+    """The model configuration a run or Hugging Face checkpoint carries (T5X's carry none)."""
+    return read_hf_config(path) if checkpoint_kind(path) == "hf" else run_config(path)[0]

@@ -13,8 +13,8 @@ from t5nb.tasks.batching import (BatchIterator, Preview, Previews, as_text, get_
 from t5nb.tasks.custom import TaskDataError, describe, read_examples, read_rows, register_task, token_lengths
 from t5nb.tasks.offline import FACT_CHECK, QA, SLOT_FILLING, SPAN_CORRUPTION, register_facts_tasks
 from t5nb.tasks.real import register_nq_open_jsonl, register_real_tasks, register_triviaqa_jsonl
-from t5nb.tasks.recipes import TaskNameError, first_examples, get_task
-from t5nb.tasks.vocab import (FACTS_SPM_PATH, check_vocabulary, describe_vocabulary, get_vocabulary,
+from t5nb.tasks.pieces import TaskNameError, check_vocabulary, first_examples, get_task
+from t5nb.tasks.vocab import (FACTS_SPM_PATH, describe_vocabulary, get_vocabulary,
                              shared_data_dir)
 
 if FACTS_SPM_PATH.exists():  # absent only while `python -m t5nb.tasks --out data` regenerates it

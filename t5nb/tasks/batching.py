@@ -21,7 +21,7 @@ import jax
 import seqio
 import tensorflow as tf
 
-from t5nb.tasks.recipes import get_task
+from t5nb.tasks.pieces import get_task
 
 
 def is_pretraining(task) -> bool:

@@ -18,7 +18,7 @@ import seqio
 import tensorflow as tf
 
 from t5nb.tasks.batching import is_pretraining
-from t5nb.tasks.recipes import add_task, get_task
+from t5nb.tasks.pieces import add_task, get_task
 
 FORMATS = {".tsv": "tsv", ".csv": "csv", ".json": "json", ".jsonl": "jsonl", ".txt": "text"}
 FEATURES = ("inputs", "targets", "answers")

@@ -13,7 +13,7 @@ With the byte vocabulary the names end in `_byte` (`facts_qa_byte`, ...).
 """
 from t5nb.tasks import world
 from t5nb.tasks.custom import in_memory_source, read_examples
-from t5nb.tasks.recipes import add_mixture, add_task
+from t5nb.tasks.pieces import add_mixture, add_task
 from t5nb.tasks.vocab import DATA_DIR
 
 VOCABULARY_SUFFIXES = {"facts": "", "byte": "_byte"}

@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from t5nb import remote
 from t5nb.tasks.custom import in_memory_source, read_examples
-from t5nb.tasks.recipes import add_mixture, add_task
+from t5nb.tasks.pieces import add_mixture, add_task
 from t5nb.tasks.world import QA_PREFIX
 
 C4_TRAIN_FILES = 4  # of 1,024: enough for the accelerator profile's pretraining (10,000 x 64 examples)
@@ -107,7 +107,7 @@ def _json_text(line):
 
 def read_parquet(path, columns: list[str]) -> list[dict]:
     """The rows of a Parquet file (only `columns`) as dicts."""
-    import pyarrow.parquet
+    import pyarrow.parquet  # only the Hub's Parquet sources need it
 
     return pyarrow.parquet.read_table(path, columns=columns).to_pylist()
 

@@ -2,8 +2,8 @@
 
 `get_vocabulary(name)` takes `"facts"` (trained by t5nb on the corpus in `data/`), `"byte"`
 (no file), `"t5"` (the official `cc_all.32000` model: `$T5NB_DATA_DIR` if it has a copy,
-else `OFFICIAL_SPM_URL` on the Hub, fetched on first use) or a path to any SentencePiece `.model` file. `check_vocabulary`
-refuses a model whose embedding does not fit a task's vocabulary.
+else `OFFICIAL_SPM_URL` on the Hub, fetched on first use) or a path to any SentencePiece `.model` file.
+`EMBEDDING_MULTIPLE`: how T5 pads the embedding table beyond a vocabulary's ids.
 """
 import io
 import os
@@ -102,22 +102,3 @@ def describe_vocabulary(vocabulary: seqio.Vocabulary) -> str:
     else:
         kind = type(vocabulary).__name__
     return f"{kind} ({vocabulary.vocab_size} ids)"
-
-
-def check_vocabulary(vocab_size: int, task) -> None:
-    """Refuse a model whose embedding of `vocab_size` rows does not fit `task`'s vocabularies
-    (a name, seqio.Task or seqio.Mixture): it must hold exactly the vocabulary's ids, or that
-    rounded up to a multiple of 128, as T5's 32128-row table holds 32100 ids."""
-    from t5nb.tasks.recipes import get_task  # recipes builds its features from this module
-
-    task = get_task(task)
-    for feature in ("targets", "inputs"):
-        if feature not in task.output_features:
-            continue
-        vocabulary = task.output_features[feature].vocabulary
-        ids = vocabulary.vocab_size
-        fitting = sorted({ids, -(-ids // EMBEDDING_MULTIPLE) * EMBEDDING_MULTIPLE})
-        if vocab_size not in fitting:
-            raise ValueError(f"the model's vocab_size={vocab_size} does not fit task {task.name!r}: its {feature} "
-                             f"vocabulary is {describe_vocabulary(vocabulary)}, which needs vocab_size "
-                             + " or ".join(map(str, fitting)))

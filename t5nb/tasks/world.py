@@ -24,6 +24,8 @@ import pathlib
 import random
 import re
 
+from t5nb.tasks.vocab import train_vocabulary
+
 SEED = 5
 NUM_PEOPLE = 400
 PARAGRAPHS_PER_PERSON = 6
@@ -298,8 +300,6 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="Regenerate the facts world and its vocabulary.")
     parser.add_argument("--out", default="data", help="folder to write (default: data)")
     args = parser.parse_args(argv)
-    from t5nb.tasks.vocab import train_vocabulary
-
     paths = write_world(args.out)
     train_vocabulary(vocabulary_texts(paths), pathlib.Path(args.out) / "facts_spm")
     for path in sorted(pathlib.Path(args.out).iterdir()):

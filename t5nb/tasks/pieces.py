@@ -1,4 +1,5 @@
-"""The pieces every t5nb task is built from: features, T5's preprocessors, metrics, registry.
+"""The pieces every t5nb task is built from: features, T5's preprocessors, metrics, registry,
+and the check that a model's embedding fits a task's vocabulary (`check_vocabulary`).
 
 Three objectives: `span_corruption` (a text source; T5's own preprocessor, 15% noise, mean
 span 3), `salient_span_masking` (a text source; one named entity or date masked per text, as in
@@ -16,7 +17,7 @@ import t5.data
 import t5.evaluation.metrics
 import tensorflow as tf
 
-from t5nb.tasks.vocab import get_vocabulary
+from t5nb.tasks.vocab import EMBEDDING_MULTIPLE, describe_vocabulary, get_vocabulary
 
 NOISE_DENSITY = 0.15
 MEAN_NOISE_SPAN_LENGTH = 3.0
@@ -167,3 +168,20 @@ def get_task(name_or_task) -> seqio.Task | seqio.Mixture:
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
         raise TaskNameError(f"no task or mixture called {name_or_task!r} is registered{hint}")
     return seqio.get_mixture_or_task(name_or_task)
+
+
+def check_vocabulary(vocab_size: int, task) -> None:
+    """Refuse a model whose embedding of `vocab_size` rows does not fit `task`'s vocabularies
+    (a name, seqio.Task or seqio.Mixture): it must hold exactly the vocabulary's ids, or that
+    rounded up to a multiple of 128, as T5's 32128-row table holds 32100 ids."""
+    task = get_task(task)
+    for feature in ("targets", "inputs"):
+        if feature not in task.output_features:
+            continue
+        vocabulary = task.output_features[feature].vocabulary
+        ids = vocabulary.vocab_size
+        fitting = sorted({ids, -(-ids // EMBEDDING_MULTIPLE) * EMBEDDING_MULTIPLE})
+        if vocab_size not in fitting:
+            raise ValueError(f"the model's vocab_size={vocab_size} does not fit task {task.name!r}: its {feature} "
+                             f"vocabulary is {describe_vocabulary(vocabulary)}, which needs vocab_size "
+                             + " or ".join(map(str, fitting)))
