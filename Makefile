@@ -29,19 +29,28 @@ course: $(VENV)/.base
 	$(PY) -m t5nb course --fresh --out runs
 
 # All tests: pytest on tests/ and nbval (lax) on every notebook with the CI profile, in fresh
-# run folders; then the dress rehearsal of the Colab path: every notebook with the accelerator
-# course's tasks, sources and calls at toy sizes (profile `rehearsal`) on 8 simulated devices,
-# every remote source read from its local stand-in (needs the official vocabulary in T5NB_DATA_DIR).
+# run folders, spread over the cores (conftest.py); beside it, the dress rehearsal of the Colab
+# path: every notebook with the accelerator course's tasks, sources and calls at toy sizes
+# (profile `rehearsal`) on 8 simulated devices, every remote source read from its local stand-in
+# (needs the official vocabulary in T5NB_DATA_DIR); its report follows pytest's.
 # Absolute paths: nbval runs each notebook in notebooks/.
 STANDINS := $(CURDIR)/runs/standins
+REHEARSAL := $(CURDIR)/runs/test-rehearsal
+REHEARSAL_LOG := $(CURDIR)/runs/test-rehearsal.log
+WORKERS ?= $(shell nproc)
 test: $(VENV)/.test
-	rm -rf runs/test-ci runs/test-rehearsal $(STANDINS)
-	T5NB_PROFILE=ci T5NB_RUNS_DIR=$(CURDIR)/runs/test-ci $(PY) -m pytest tests notebooks --nbval-lax --nbval-current-env
+	rm -rf runs/test-ci $(REHEARSAL) $(REHEARSAL_LOG)* $(STANDINS)
 	$(PY) tests/standins.py $(STANDINS)
 	@if [ -f $(STANDINS)/hf/google/t5-v1_1-small/spiece.model ]; then \
-	  set -x; T5NB_PROFILE=rehearsal T5NB_STANDINS=$(STANDINS) T5NB_RUNS_DIR=$(CURDIR)/runs/test-rehearsal \
-	  XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest notebooks --nbval-lax --nbval-current-env; \
-	else echo "rehearsal skipped: no official T5 vocabulary in T5NB_DATA_DIR ($${T5NB_DATA_DIR:-../shared/data})"; fi
+	  (T5NB_PROFILE=rehearsal T5NB_STANDINS=$(STANDINS) T5NB_RUNS_DIR=$(REHEARSAL) \
+	   XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest notebooks --nbval-lax --nbval-current-env \
+	   > $(REHEARSAL_LOG) 2>&1; echo $$? > $(REHEARSAL_LOG).status) & \
+	else echo "rehearsal skipped: no official T5 vocabulary in T5NB_DATA_DIR ($${T5NB_DATA_DIR:-../shared/data})" \
+	  | tee $(REHEARSAL_LOG); echo 0 > $(REHEARSAL_LOG).status; fi; \
+	T5NB_PROFILE=ci T5NB_RUNS_DIR=$(CURDIR)/runs/test-ci $(PY) -m pytest -n $(WORKERS) --dist loadgroup \
+	  tests notebooks --nbval-lax --nbval-current-env; code=$$?; \
+	wait; echo "== the rehearsal (T5NB_PROFILE=rehearsal, 8 simulated devices)"; cat $(REHEARSAL_LOG); \
+	rehearsal=$$(cat $(REHEARSAL_LOG).status); if [ $$code -eq 0 ]; then exit $$rehearsal; fi; exit $$code
 
 # Train-step throughput and MFU vs Hugging Face PyTorch T5 (docs/benchmarks.md); BENCH_ARGS=--quick.
 bench: $(VENV)/.test
