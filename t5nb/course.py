@@ -9,6 +9,7 @@ import nbclient
 import nbformat
 from tqdm.auto import tqdm
 
+from t5nb.files import write_atomically
 from t5nb.paths import REPO_ROOT
 from t5nb.profiles import get_profile
 
@@ -73,5 +74,5 @@ def run_course(out_dir="runs", names=None, notebooks_dir=NOTEBOOKS, fresh: bool 
             results[path.stem].update(json.loads(headline.read_text()))
         status = "ok" if results[path.stem]["ok"] else f"FAILED: {results[path.stem]['error']}"
         tqdm.write(f"{path.stem}: {results[path.stem]['wall_s']} s, {status}")
-        (out_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+        write_atomically(out_dir / "results.json", json.dumps(results, indent=2) + "\n")
     return results

@@ -27,6 +27,7 @@ from clu import metric_writers
 
 from t5nb.checkpoints import checkpoint_config, checkpoint_steps, model_dir_kind, require_steps
 from t5nb.decode import Predictor
+from t5nb.files import write_atomically
 from t5nb.event_logs import logged_steps
 from t5nb.tasks import as_text, check_vocabulary, get_task
 from t5nb.restore import load_model
@@ -134,10 +135,10 @@ def _decode_and_score(task, predictor: Predictor, examples: list, model_dir, ste
     if jax.process_index() == 0:
         out = pathlib.Path(model_dir) / "inference_eval"
         out.mkdir(parents=True, exist_ok=True)
-        with open(out / f"{task.name}-{step}.jsonl", "w") as f:
-            for example, target, prediction, seq_score in zip(examples, targets, predictions, scores):
-                f.write(json.dumps({"input": as_text(example["inputs_pretokenized"]), "target": as_text(target),
-                                    "prediction": as_text(prediction), "score": float(seq_score)}) + "\n")
+        write_atomically(out / f"{task.name}-{step}.jsonl", "".join(
+            json.dumps({"input": as_text(example["inputs_pretokenized"]), "target": as_text(target),
+                        "prediction": as_text(prediction), "score": float(seq_score)}) + "\n"
+            for example, target, prediction, seq_score in zip(examples, targets, predictions, scores)))
     _log_scalars(model_dir, task.name, step, metrics)
     return metrics
 
@@ -218,7 +219,7 @@ def results_table(model_dir, kinds=LOG_KINDS, csv: bool = True) -> pd.DataFrame:
     table = pd.DataFrame.from_dict(values, orient="index").sort_index().sort_index(axis=1)
     table.index.name = "step"
     if csv:
-        table.to_csv(model_dir / "results.csv")
+        write_atomically(model_dir / "results.csv", table.to_csv())
     return table
 
 
@@ -277,5 +278,5 @@ def infer_file(model, task, inputs, output_path, **predictor_args) -> list[dict]
             for text, prediction, seq_score in zip(texts, predictor.postprocess(sequences), scores)]
     if jax.process_index() == 0:
         pathlib.Path(output_path).parent.mkdir(parents=True, exist_ok=True)
-        pathlib.Path(output_path).write_text("".join(json.dumps(row) + "\n" for row in rows))
+        write_atomically(output_path, "".join(json.dumps(row) + "\n" for row in rows))
     return rows

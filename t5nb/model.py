@@ -2,9 +2,11 @@
 
 Shapes in comments: b batch, l / q / k lengths, e emb_dim, h heads, d head_dim, m mlp_dim,
 v vocab. Parameters are float32; `config.dtype` is the compute dtype. Each module runs its own
-forward pass; `Encoder` and `Decoder` hold their layers in a stack, `layers[i]`. Parameter
-names and shapes are T5X's (`encoder/layers_0/attention/query/kernel` as [e, h*d], layer i of a
-stack named `layers_i` by `t5nb.checkpoints`), so converters are renames.
+forward pass; `Encoder` and `Decoder` hold their layers in a stack, `layers[i]` (with
+`config.scan_layers`, one layer module whose parameters lead with a `layers` axis, as T5X's
+scanned models: see `layer_stack`). Parameter names and shapes are T5X's
+(`encoder/layers_0/attention/query/kernel` as [e, h*d], layer i of a stack named `layers_i` by
+`t5nb.checkpoints`), so converters are renames.
 """
 import functools
 
@@ -284,38 +286,88 @@ def encoder_valid(config: T5Config, encoder_input_tokens):
     return jnp.concatenate([jnp.ones((valid.shape[0], config.prompt_length), bool), valid], axis=1)
 
 
+def layer_stack(config: T5Config, layers: list):
+    """A stack's layers as the model holds them: a list of modules, or with `config.scan_layers`
+    one module of their kind whose parameters are the layers' stacked on a leading `layers` axis,
+    as T5X's scanned models hold them (a scan reads them as they are: no copy at each call).
+    Either way layer i starts with the same numbers."""
+    if not config.scan_layers:
+        return nnx.data(layers)
+    graphdef = nnx.split(layers[0])[0]
+
+    def stack(*variables):
+        axes = variables[0].get_metadata()["out_sharding"]
+        return variables[0].copy(jnp.stack([v.get_value() for v in variables]), out_sharding=("layers", *axes))
+
+    states = [nnx.split(layer)[1] for layer in layers]
+    return nnx.merge(graphdef, jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable)))
+
+
+def each_layer(layers) -> list:
+    """A stack's layers one by one; a scanned stack's sliced from its stacked parameters."""
+    if not isinstance(layers, (EncoderLayer, DecoderLayer)):  # a list of them
+        return list(layers)
+    graphdef, state = nnx.split(layers)
+    return [nnx.merge(graphdef, jax.tree.map(lambda x, i=i: x[i], state)) for i in range(_depth(state))]
+
+
+def _depth(stacked) -> int:
+    return jax.tree.leaves(stacked)[0].shape[0]
+
+
 def run_stack(layers, x, config: T5Config, rngs, call):
     """x through each layer of a stack in turn, `call(layer, x, rngs) -> x`: unrolled, or as one
-    `lax.scan` over the layers' stacked parameters (`config.scan_layers`), each layer's
+    `lax.scan` over the stacked parameters of a scanned stack (`layer_stack`), each layer's
     activations kept or recomputed for the backward pass by `config.remat_policy`. Each layer's
-    dropout draws from its own key, split from one, so every way gives the same numbers.
-
-    The layers keep their own parameters (the layout every checkpoint has); a scan stacks them at
-    each call, which costs a copy of the stack's weights and of their gradients."""
-    keys = None if rngs is None else jax.random.split(rngs.dropout(), len(layers))
+    dropout draws from its own key, split from one, so every way gives the same numbers."""
+    graphdef, stacked = nnx.split(layers) if config.scan_layers else (nnx.split(layers[0])[0], None)
+    keys = None if rngs is None else jax.random.split(rngs.dropout(), _depth(stacked) if stacked else len(layers))
     if not config.scan_layers and config.remat_policy == "none":
         for i, layer in enumerate(layers):
             x = call(layer, x, None if keys is None else nnx.Rngs(dropout=keys[i]))
         return x
-    graphdef = nnx.split(layers[0])[0]
 
     def apply(state, x, key):
         return call(nnx.merge(graphdef, state), x, None if key is None else nnx.Rngs(dropout=key))
 
     if config.remat_policy != "none":
         apply = jax.checkpoint(apply, policy=getattr(jax.checkpoint_policies, REMAT_POLICIES[config.remat_policy]))
-    states = [nnx.state(layer) for layer in layers]
     if not config.scan_layers:
-        for i, state in enumerate(states):
-            x = apply(state, x, None if keys is None else keys[i])
+        for i, layer in enumerate(layers):
+            x = apply(nnx.state(layer), x, None if keys is None else keys[i])
         return x
-    stacked = jax.tree.map(lambda *leaves: jnp.stack(leaves), *states)  # [layers, ...] per parameter
 
     def body(x, layer_input):  # layer_input: (the layer's parameters, its dropout key or None)
         state, key = layer_input
         return apply(state, x, key), None
 
     return jax.lax.scan(body, x, (stacked, keys))[0]
+
+
+def _map_stacks(params: dict, change) -> dict:
+    return {key: change(value) if key == "layers" and isinstance(value, dict)
+            else _map_stacks(value, change) if isinstance(value, dict) else value for key, value in params.items()}
+
+
+def stack_layers(params: dict) -> dict:
+    """Parameters (a nested dict) with each stack's layers `{0: layer, 1: layer, ...}` stacked into
+    one layer's tree of `[layers, ...]` arrays, as a scanned model holds them; stacked ones stay."""
+    def stack(layers):
+        if not layers or not all(isinstance(index, int) for index in layers):
+            return layers
+        return jax.tree.map(lambda *leaves: jnp.stack(leaves), *(layers[index] for index in sorted(layers)))
+
+    return _map_stacks(params, stack)
+
+
+def unstack_layers(params: dict) -> dict:
+    """`stack_layers`' inverse: each stack's layers keyed by index (t5nb's one form); per-layer ones stay."""
+    def unstack(layers):
+        if all(isinstance(index, int) for index in layers):
+            return layers
+        return {index: jax.tree.map(lambda leaf: leaf[index], layers) for index in range(_depth(layers))}
+
+    return _map_stacks(params, unstack)
 
 
 class Encoder(nnx.Module):
@@ -329,7 +381,7 @@ class Encoder(nnx.Module):
             self.prompt = _param(rngs, jax.nn.initializers.normal(1.0), (config.prompt_length, config.emb_dim),
                                  (None, "embed"))
         self.relpos_bias = RelativePositionBiases(config, bidirectional=True, rngs=rngs)
-        self.layers = nnx.data([EncoderLayer(config, rngs) for _ in range(config.num_encoder_layers)])
+        self.layers = layer_stack(config, [EncoderLayer(config, rngs) for _ in range(config.num_encoder_layers)])
         self.encoder_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
         self.dropout = Dropout(config.dropout_rate)
         self.config = config
@@ -354,7 +406,7 @@ class Decoder(nnx.Module):
 
     def __init__(self, config: T5Config, rngs):
         self.relpos_bias = RelativePositionBiases(config, bidirectional=False, rngs=rngs)
-        self.layers = nnx.data([DecoderLayer(config, rngs) for _ in range(config.num_decoder_layers)])
+        self.layers = layer_stack(config, [DecoderLayer(config, rngs) for _ in range(config.num_decoder_layers)])
         self.decoder_norm = LayerNorm(config.emb_dim, config.dtype, rngs)
         self.dropout = Dropout(config.dropout_rate)
         if not config.logits_via_embedding:
@@ -392,7 +444,7 @@ class Decoder(nnx.Module):
         c = self.config
         empty = jnp.zeros((encoded.shape[0], c.num_heads, max_decode_length, c.head_dim), c.dtype)
         layers = []
-        for layer in self.layers:
+        for layer in each_layer(self.layers):
             cross_key, cross_value = layer.encoder_decoder_attention.project_kv(encoded)
             layers.append({"self_key": empty, "self_value": empty, "cross_key": cross_key, "cross_value": cross_value})
         return {"layers": layers, "encoder_valid": encoder_valid(c, encoder_input_tokens),
@@ -407,7 +459,7 @@ class Decoder(nnx.Module):
         cross_bias = jnp.where(cache["encoder_valid"], 0.0, NEG_INF)[:, None, None, :]
         y = _embed(embedder, token[:, None], self.dropout, None)  # [b, 1, e]
         layers = []
-        for layer, layer_cache in zip(self.layers, cache["layers"]):
+        for layer, layer_cache in zip(each_layer(self.layers), cache["layers"]):
             y, layer_cache = layer.step(y, layer_cache, index, self_bias, cross_bias)
             layers.append(layer_cache)
         return self.logits(embedder, y)[:, 0], {**cache, "layers": layers, "index": index + 1}

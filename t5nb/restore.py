@@ -24,7 +24,8 @@ def load_model(model_dir, step: int | None = None, mesh=None):
     trainer = Trainer(config, TrainConfig(**train_config), mesh)
     if adapters.has_adapters(config):
         restore_base(model_dir, trainer)
-    state = checkpoints.RunCheckpoints(model_dir / "checkpoints").restore(trainer.abstract_state(), step)
+    state = trainer.from_checkpoint(
+        checkpoints.RunCheckpoints(model_dir / "checkpoints").restore(trainer.abstract_checkpoint(), step))
     model = trainer.model(state.params)
     checkpoints.warn_if_not_finite(model, model_dir / "checkpoints" / str(step))
     return model, int(jax.device_get(state.step))

@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from t5nb.checkpoints import RunCheckpoints, resume_step
 from t5nb.config import EXECUTION_FIELDS
 from t5nb.event_logs import logged_steps
+from t5nb.files import write_atomically
 from t5nb.system import time_matmul
 from t5nb import adapters, evaluate, tasks
 from t5nb.recipe import Recipe, RecipeError, feature_lengths, load_recipe, make_trainer
@@ -68,7 +69,7 @@ def record_config(model_dir: pathlib.Path, trainer: Trainer, resuming: bool) -> 
     path = model_dir / "config.json"
     if not (resuming and path.exists()):
         if jax.process_index() == 0:  # one writer in a run of several processes
-            path.write_text(json.dumps(requested, indent=2))
+            write_atomically(path, json.dumps(requested, indent=2))
         return
     saved = json.loads(path.read_text())
 
@@ -199,15 +200,15 @@ class Saving:
     """Checkpointing: the state and the data position, only if the state is finite; the last
     good step is what error messages point to."""
 
-    def __init__(self, checkpoints: RunCheckpoints | None, batches, last_good: int | None):
-        self.checkpoints, self.batches, self.last_good = checkpoints, batches, last_good
+    def __init__(self, trainer: Trainer, checkpoints: RunCheckpoints | None, batches, last_good: int | None):
+        self.trainer, self.checkpoints, self.batches, self.last_good = trainer, checkpoints, batches, last_good
 
     def __call__(self, step: int, state: TrainState) -> None:
         """Checkpoint `state`, the state after `step` (the loop's count: no device sync for it)."""
         if not all_finite((state.params, state.opt_state)):
             raise FloatingPointError(f"the parameters or optimizer state at step {step} are not finite; "
                                      f"not saved, stopped, {self.where()}")
-        self.checkpoints.save(state, self.batches)
+        self.checkpoints.save(self.trainer.checkpoint_state(state), self.batches)
         self.last_good = step
 
     def where(self) -> str:
@@ -259,7 +260,7 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
     checkpoints = RunCheckpoints(model_dir / "checkpoints", keep_checkpoints) if checkpoint_every else None
     record_config(model_dir, trainer, resuming)
     if resuming:
-        state = checkpoints.restore_latest(trainer.abstract_state(), batches)
+        state = trainer.from_checkpoint(checkpoints.restore_latest(trainer.abstract_checkpoint(), batches))
     elif state is None:
         state = trainer.init_state()
     step = int(jax.device_get(state.step))
@@ -268,7 +269,7 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
                                                                 just_logging=jax.process_index() > 0)
                            for folder in ("train", f"training_eval/{task_name}"))
     bar = tqdm(total=num_steps, initial=step, desc="train", unit="step", disable=not progress)
-    save = Saving(checkpoints, batches, step if resuming else None)
+    save = Saving(trainer, checkpoints, batches, step if resuming else None)
     log = MetricsLog(trainer, writer, bar, on_log, history, save.where)
     validate = (Validation(trainer, eval_batches, decoded_eval, eval_writer, on_log, validations)
                 if eval_every and (eval_batches is not None or decoded_eval is not None) else None)
@@ -348,7 +349,7 @@ def run_recipe(recipe: Recipe, *, on_log=None, progress: bool = True, trainer: T
     batches = tasks.BatchIterator(data.task, feature_lengths(recipe), data.batch_size, pack=data.pack, seed=data.seed)
     if jax.process_index() == 0:
         model_dir.mkdir(parents=True, exist_ok=True)
-        (model_dir / "recipe.toml").write_text(recipe.to_toml())
+        write_atomically(model_dir / "recipe.toml", recipe.to_toml())
     result = train(trainer, batches, recipe.run.steps, model_dir,
                    state=None if params is None else trainer.init_state(params),
                    checkpoint_every=recipe.run.checkpoint_every, keep_checkpoints=recipe.run.keep_checkpoints,

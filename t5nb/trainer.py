@@ -13,7 +13,7 @@ from flax import nnx, struct
 from t5nb import adapters
 from t5nb import mesh as mesh_lib
 from t5nb.config import T5Config
-from t5nb.model import Transformer
+from t5nb.model import Transformer, stack_layers, unstack_layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +97,11 @@ class TrainState:
     opt_state: optax.OptState
 
 
+def _abstract_params(config: T5Config):
+    """(graphdef, parameter state) of a `config` model, nothing allocated."""
+    return nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))), nnx.Param)
+
+
 def _loss_weights(batch):
     if "decoder_loss_weights" in batch:
         return batch["decoder_loss_weights"].astype(jnp.float32)
@@ -108,7 +113,12 @@ class Trainer:
 
     A model with adapters (`t5nb.adapters`: LoRA, a prompt) trains only those: the train state
     holds them and their optimizer state, and `frozen` the rest, an input of the steps that gets
-    no gradient. `model(params)` joins the two."""
+    no gradient. `model(params)` joins the two.
+
+    With `scan_layers`, the state holds each stack's parameters stacked on a leading `layers`
+    axis, as the scan reads them (T5X's scanned layout); the optimizer sees each layer's as its
+    own (Adafactor factors and scales them as it does unrolled), so its state, and every
+    checkpoint (`checkpoint_state`, `from_checkpoint`), keep the per-layer layout."""
 
     def __init__(self, model_config: T5Config, train_config: TrainConfig, mesh=None,
                  rules=mesh_lib.STANDARD_RULES):
@@ -116,13 +126,17 @@ class Trainer:
         self.mesh = mesh if mesh is not None else mesh_lib.make_mesh()
         self.rules = rules
         self.optimizer = make_optimizer(train_config)
-        abstract = nnx.eval_shape(lambda: Transformer(model_config, rngs=nnx.Rngs(0)))
-        self.graphdef, abstract_params = nnx.split(abstract, nnx.Param)
-        self.param_state = abstract_params  # keeps the logical axis metadata
-        self.param_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(abstract_params, self.mesh, rules))
+        self.graphdef, self.param_state = _abstract_params(model_config)  # the state keeps the logical axes
+        self.param_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(self.param_state, self.mesh, rules))
         self.trainable_shardings, self.frozen_shardings = adapters.split(model_config, self.param_shardings)
         # the parameters' shapes and dtypes, trained and frozen, as `init_params` makes them
-        self._abstract_trainable, self._abstract_frozen = adapters.split(model_config, nnx.to_pure_dict(abstract_params))
+        self._abstract_trainable, self._abstract_frozen = adapters.split(model_config, nnx.to_pure_dict(self.param_state))
+        # the trained parameters per layer: as the optimizer and every checkpoint see them
+        per_layer = (_abstract_params(model_config.replace(scan_layers=False))[1] if model_config.scan_layers
+                     else self.param_state)
+        self._abstract_per_layer = adapters.split(model_config, nnx.to_pure_dict(per_layer))[0]
+        self._per_layer_shardings = adapters.split(
+            model_config, nnx.to_pure_dict(mesh_lib.param_shardings(per_layer, self.mesh, rules)))[0]
         self._frozen = None if adapters.has_adapters(model_config) else {}
         self.batch_sharding = mesh_lib.batch_sharding(self.mesh)
         self._replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
@@ -143,10 +157,12 @@ class Trainer:
         """Step 0 with a copy of `params` (all of the model's, e.g. from a checkpoint; the train
         step donates its state, the caller's arrays survive) or a fresh initialisation. With
         adapters, their frozen base becomes `frozen`."""
-        params = self.init_params() if params is None else jax.device_put(jax.tree.map(jnp.copy, params),
-                                                                           self.param_shardings)
+        params = self.init_params() if params is None else jax.device_put(
+            jax.tree.map(jnp.copy, stack_layers(params) if self.model_config.scan_layers else params),
+            self.param_shardings)
         params, self._frozen = adapters.split(self.model_config, params)
-        opt_state = jax.jit(self.optimizer.init, out_shardings=self._opt_state_shardings(params))(params)
+        opt_state = jax.jit(lambda p: self.optimizer.init(unstack_layers(p)),
+                            out_shardings=self._opt_state_shardings())(params)
         step = jax.device_put(jnp.zeros((), jnp.int32), self._replicated)
         return TrainState(step=step, params=params, opt_state=opt_state)
 
@@ -159,28 +175,46 @@ class Trainer:
         return self._frozen
 
     def abstract_state(self) -> TrainState:
-        """The train state's shapes, dtypes and shardings, nothing allocated: what to restore into."""
-        params = self._abstract_trainable
+        """The train state's shapes, dtypes and shardings, nothing allocated: what the train step compiles for."""
+        return self._abstract(self._abstract_trainable, self.trainable_shardings)
+
+    def abstract_checkpoint(self) -> TrainState:
+        """The train state as checkpoints hold it (`checkpoint_state`), nothing allocated: what to restore into."""
+        return self._abstract(self._abstract_per_layer, self._per_layer_shardings)
+
+    def _abstract(self, params, param_shardings) -> TrainState:
         abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
-                              opt_state=jax.eval_shape(self.optimizer.init, params))
-        shardings = TrainState(step=self._replicated, params=self.trainable_shardings,
-                               opt_state=self._opt_state_shardings(params))
+                              opt_state=jax.eval_shape(self.optimizer.init, self._abstract_per_layer))
+        shardings = TrainState(step=self._replicated, params=param_shardings, opt_state=self._opt_state_shardings())
         return jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                             abstract, shardings)
 
-    def _opt_state_shardings(self, params):
+    def checkpoint_state(self, state: TrainState) -> TrainState:
+        """`state` as checkpoints hold it: each stack's layers keyed by index (a scanned state's unstacked)."""
+        if not self.model_config.scan_layers:
+            return state
+        return state.replace(params=jax.jit(unstack_layers, out_shardings=self._per_layer_shardings)(state.params))
+
+    def from_checkpoint(self, state: TrainState) -> TrainState:
+        """`checkpoint_state`'s inverse: a restored state as this trainer's steps take it."""
+        if not self.model_config.scan_layers:
+            return state
+        return state.replace(params=jax.jit(stack_layers, out_shardings=self.trainable_shardings)(state.params))
+
+    def _opt_state_shardings(self):
         """Optimizer statistics shaped like their parameter share its sharding; the rest
         (Adafactor's factored rows/columns, counters) are replicated."""
-        abstract = jax.eval_shape(self.optimizer.init, params)
+        params = self._abstract_per_layer
         return optax.tree_map_params(
             self.optimizer,
             lambda leaf, param, sharding: sharding if leaf.shape == param.shape else self._replicated,
-            abstract, params, self.trainable_shardings,
+            jax.eval_shape(self.optimizer.init, params), params, self._per_layer_shardings,
             transform_non_params=lambda _: self._replicated)
 
     def model(self, params) -> Transformer:
         """The NNX module holding `params` (for decoding, inspection, export), joined with
         `frozen` if they are a train state's trained parameters."""
+        params = stack_layers(params) if self.model_config.scan_layers else params
         return self._module(adapters.merge(self.frozen, params) if self.frozen else params)
 
     def _module(self, params) -> Transformer:
@@ -238,8 +272,9 @@ class Trainer:
             (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(cfg.grad_accum_steps), micro))
         normalizer = cfg.loss_normalizing_factor or jnp.maximum(sums["weight"], 1.0)
         grads = jax.tree.map(lambda g: g / normalizer, grads)
-        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
+        # the optimizer sees each layer's parameters as its own: a scanned stack's unstacked, its updates stacked again
+        updates, opt_state = self.optimizer.update(unstack_layers(grads), state.opt_state, unstack_layers(state.params))
+        params = optax.apply_updates(state.params, stack_layers(updates) if self.model_config.scan_layers else updates)
         sums = {**sums, "grad_norm": optax.global_norm(grads),
                 "learning_rate": learning_rate_schedule(cfg)(state.step)}
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), sums

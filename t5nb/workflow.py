@@ -14,9 +14,10 @@ import jax
 import numpy as np
 
 from t5nb import adapters, evaluate, tasks
+from t5nb.checkpoints import is_t5x_checkpoint
+from t5nb.files import write_atomically
 from t5nb.paths import REPO_ROOT
 from t5nb.profiles import Profile
-from t5nb.checkpoints import is_t5x_checkpoint
 from t5nb.recipe import Data, Recipe, Run, make_trainer
 from t5nb.system import in_colab
 from t5nb.train import TrainResult, run_recipe
@@ -39,7 +40,7 @@ def record_headline(**numbers) -> None:
     path = runs_dir() / "headlines" / f"{notebook}.json"
     recorded = json.loads(path.read_text()) if path.exists() else {}
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**recorded, **numbers}, indent=2, default=float) + "\n")
+    write_atomically(path, json.dumps({**recorded, **numbers}, indent=2, default=float) + "\n")
 
 
 def feature_lengths(profile: Profile) -> dict:

@@ -14,6 +14,7 @@ import numpy as np
 import optax
 import pytest
 
+from t5nb.checkpoints import RunCheckpoints, flatten
 from t5nb.config import get_config
 from t5nb.model import shift_right
 from t5nb.train import train
@@ -207,12 +208,37 @@ def test_a_run_resumes_with_scanned_rematerialised_layers_after_a_warning(tmp_pa
                      checkpoint_every=2, progress=False)
     train(Trainer(config, TrainConfig(learning_rate=1e-2)), Batches(copy_batch()), 2, tmp_path / "resumed",
           checkpoint_every=2, progress=False)
-    scanned = config.replace(scan_layers=True, remat_policy="full")  # the same parameters, run otherwise
+    scanned = Trainer(config.replace(scan_layers=True, remat_policy="full"), TrainConfig(learning_rate=1e-2))
     with pytest.warns(UserWarning, match=r"remat_policy='full' \(was 'none'\), scan_layers=True \(was False\)"):
-        resumed = train(Trainer(scanned, TrainConfig(learning_rate=1e-2)), Batches(copy_batch()), 4,
-                        tmp_path / "resumed", checkpoint_every=2, progress=False)
-    for a, b in zip(jax.tree.leaves(resumed.state.params), jax.tree.leaves(straight.state.params)):
-        np.testing.assert_allclose(a, b, atol=1e-5)
+        resumed = train(scanned, Batches(copy_batch()), 4, tmp_path / "resumed", checkpoint_every=2, progress=False)
+    assert_close_states(scanned.checkpoint_state(resumed.state), straight.state)
+
+
+def assert_close_states(got, expected, atol=1e-5):
+    """Two train states in the per-layer layout: the same tree, every number within `atol`."""
+    assert jax.tree.structure(got) == jax.tree.structure(expected)
+    expected_params = flatten(expected.params)
+    for path, value in flatten(got.params).items():
+        np.testing.assert_allclose(value, expected_params[path], atol=atol, err_msg=path)
+    for a, b in zip(jax.tree.leaves(got.opt_state), jax.tree.leaves(expected.opt_state)):
+        np.testing.assert_allclose(a, b, atol=atol)
+
+
+def test_a_scanned_state_holds_its_stacks_stacked_and_its_checkpoints_per_layer(tmp_path):
+    """T5X's scanned layout in the train state (a leading `layers` axis: the scan reads it as it is)
+    and the per-layer layout on disk: an unrolled trainer restores a scanned run's checkpoint, and
+    both runs train alike, as Adafactor factors and scales each layer's matrices on its own."""
+    config = get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0)
+    trainers = {name: Trainer(config.replace(scan_layers=name == "scanned"), TrainConfig(learning_rate=1e-2))
+                for name in ("scanned", "unrolled")}
+    stacked = trainers["scanned"].init_state().params["decoder"]["layers"]["mlp"]["wo"]["kernel"]
+    per_layer = trainers["unrolled"].init_state().params["decoder"]["layers"]
+    assert stacked.shape == (config.num_decoder_layers, *per_layer[0]["mlp"]["wo"]["kernel"].shape)
+    np.testing.assert_array_equal(stacked[1], per_layer[1]["mlp"]["wo"]["kernel"])  # the same initialisation
+    runs = {name: train(trainer, Batches(copy_batch()), 3, tmp_path / name, checkpoint_every=3, progress=False)
+            for name, trainer in trainers.items()}
+    restored = RunCheckpoints(tmp_path / "scanned" / "checkpoints").restore(trainers["unrolled"].abstract_checkpoint())
+    assert_close_states(restored, runs["unrolled"].state)
 
 
 def test_batch_not_divisible_by_data_parallel_degree_is_clear():

@@ -10,6 +10,7 @@ import safetensors.numpy
 from flax import serialization
 
 from t5nb import remote
+from t5nb.files import replacing, write_atomically
 from t5nb.checkpoints.params import (CheckpointError, abstract_params, check_params, flatten, model_from_params,
                                      params_of, unflatten, warn_if_not_finite)
 from t5nb.config import T5Config
@@ -277,6 +278,6 @@ def save_hf(model: Transformer, directory) -> None:
         name, transposed = hf_name(path)
         array = np.asarray(array, np.float32)
         tensors[name] = np.ascontiguousarray(array.T if transposed else array)
-    safetensors.numpy.save_file(tensors, os.path.join(directory, "model.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(config_to_hf(model.config), f, indent=2)
+    with replacing(os.path.join(directory, "model.safetensors")) as weights:
+        safetensors.numpy.save_file(tensors, weights, metadata={"format": "pt"})
+    write_atomically(os.path.join(directory, "config.json"), json.dumps(config_to_hf(model.config), indent=2))

@@ -10,7 +10,7 @@ import numpy as np
 from flax import nnx
 
 from t5nb.config import T5Config
-from t5nb.model import Transformer
+from t5nb.model import Transformer, stack_layers, unstack_layers
 
 _STACK = "layers"  # the model's layer stacks; T5X names their layers layers_0, layers_1, ...
 
@@ -33,8 +33,8 @@ def abstract_model(config: T5Config) -> Transformer:
 
 
 def abstract_params(config: T5Config) -> dict[str, jax.ShapeDtypeStruct]:
-    """Every parameter of a `config` model, `path -> ShapeDtypeStruct`."""
-    return flatten(nnx.to_pure_dict(nnx.state(abstract_model(config), nnx.Param)))
+    """Every parameter of a `config` model, `path -> ShapeDtypeStruct` (per layer, scanned or not)."""
+    return flatten(nnx.to_pure_dict(nnx.state(abstract_model(config.replace(scan_layers=False)), nnx.Param)))
 
 
 def flatten(tree: dict) -> dict[str, np.ndarray]:
@@ -90,8 +90,9 @@ def check_params(config: T5Config, flat: dict, source_names: dict[str, str] | No
 
 
 def params_of(model: Transformer) -> dict:
-    """A model's parameters in t5nb's one form: the nested dict (`Trainer` states hold it too)."""
-    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    """A model's parameters in t5nb's one form: the nested dict, each stack's layers keyed by
+    index (a scanned model's unstacked)."""
+    return unstack_layers(nnx.to_pure_dict(nnx.state(model, nnx.Param)))
 
 
 def model_from_params(config: T5Config, params: dict) -> Transformer:
@@ -104,14 +105,15 @@ def model_from_params(config: T5Config, params: dict) -> Transformer:
     check_params(config, flat)
     model = abstract_model(config)
     state = nnx.state(model, nnx.Param)
-    nnx.replace_by_pure_dict(state, unflatten({key: jnp.asarray(value, jnp.float32) for key, value in flat.items()}))
+    params = unflatten({key: jnp.asarray(value, jnp.float32) for key, value in flat.items()})
+    nnx.replace_by_pure_dict(state, stack_layers(params) if config.scan_layers else params)
     nnx.update(model, state)
     return model
 
 
 def warn_if_not_finite(model: Transformer, source) -> None:
     """Warn, naming them, about parameters of `model` (loaded from `source`) holding NaN or infinity."""
-    bad = [path for path, value in flatten(nnx.to_pure_dict(nnx.state(model, nnx.Param))).items()
+    bad = [path for path, value in flatten(params_of(model)).items()
            if not bool(jnp.all(jnp.isfinite(value)))]
     if bad:
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""

@@ -116,7 +116,7 @@ class RunCheckpoints:
 
     def restore(self, abstract, step: int | None = None, batches=None):
         """The state of `step` (default: latest), laid out as `abstract`
-        (`Trainer.abstract_state()`); positions `batches` where that step left it."""
+        (`Trainer.abstract_checkpoint()`); positions `batches` where that step left it."""
         step = self.latest_step() if step is None else step
         restored = self.manager.restore(step, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(abstract), data=ocp.args.JsonRestore()))
