@@ -17,7 +17,7 @@ from t5nb import _tensorflow  # noqa: F401, I001  (first: TensorFlow for tf.data
 from clu import metric_writers
 from tqdm.auto import tqdm
 
-from t5nb.checkpoints import RunCheckpoints, resume_step
+from t5nb.checkpoints import RunCheckpoints, holding, resume_step
 from t5nb.config import EXECUTION_FIELDS
 from t5nb.event_logs import logged_steps
 from t5nb.files import write_atomically
@@ -255,50 +255,51 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
     if hasattr(batches, "task"):
         tasks.check_vocabulary(trainer.model_config.vocab_size, batches.task)
     model_dir = pathlib.Path(model_dir)
-    model_dir.mkdir(parents=True, exist_ok=True)
-    resuming = checkpoint_every > 0 and resume_step(model_dir) is not None
-    checkpoints = RunCheckpoints(model_dir / "checkpoints", keep_checkpoints) if checkpoint_every else None
-    record_config(model_dir, trainer, resuming)
-    if resuming:
-        state = trainer.from_checkpoint(checkpoints.restore_latest(trainer.abstract_checkpoint(), batches))
-    elif state is None:
-        state = trainer.init_state()
-    step = int(jax.device_get(state.step))
-    history, validations = _replay(model_dir, task_name, step, on_log) if resuming else ([], [])
-    writer, eval_writer = (metric_writers.create_default_writer(str(model_dir / folder),
-                                                                just_logging=jax.process_index() > 0)
-                           for folder in ("train", f"training_eval/{task_name}"))
-    bar = tqdm(total=num_steps, initial=step, desc="train", unit="step", disable=not progress)
-    save = Saving(trainer, checkpoints, batches, step if resuming else None)
-    log = MetricsLog(trainer, writer, bar, on_log, history, save.where)
-    validate = (Validation(trainer, eval_batches, decoded_eval, eval_writer, on_log, validations)
-                if eval_every and (eval_batches is not None or decoded_eval is not None) else None)
-    try:
-        with StopRequested() as stop:
-            while step < num_steps and stop.signal is None:
-                state, sums = trainer.train_step(state, trainer.shard_batch(next(batches)))
-                step += 1
-                log.add(sums)
-                bar.update(1)
-                last = step == num_steps
-                saving = checkpoints is not None and (step % checkpoint_every == 0 or last or stop.signal is not None)
-                if step % log_every == 0 or saving or last:
-                    log(step)
-                if validate is not None and (step % eval_every == 0 or last):
-                    validate(step, state.params)
-                if saving:
-                    save(step, state)
-            if stop.signal is not None:
-                if log.pending:
-                    log(step)
-                stop.raise_stop(step, save.last_good)
-    finally:  # an error or an interrupt still completes the checkpoint in flight
-        bar.close()
-        if checkpoints is not None:
-            checkpoints.wait()
-        writer.flush()
-        eval_writer.flush()
-    return TrainResult(state=state, history=history, train_eval=validations, model_dir=model_dir)
+    with holding(model_dir):  # one trainer per run folder
+        model_dir.mkdir(parents=True, exist_ok=True)
+        resuming = checkpoint_every > 0 and resume_step(model_dir) is not None
+        checkpoints = RunCheckpoints(model_dir / "checkpoints", keep_checkpoints) if checkpoint_every else None
+        record_config(model_dir, trainer, resuming)
+        if resuming:
+            state = trainer.from_checkpoint(checkpoints.restore_latest(trainer.abstract_checkpoint(), batches))
+        elif state is None:
+            state = trainer.init_state()
+        step = int(jax.device_get(state.step))
+        history, validations = _replay(model_dir, task_name, step, on_log) if resuming else ([], [])
+        writer, eval_writer = (metric_writers.create_default_writer(str(model_dir / folder),
+                                                                    just_logging=jax.process_index() > 0)
+                               for folder in ("train", f"training_eval/{task_name}"))
+        bar = tqdm(total=num_steps, initial=step, desc="train", unit="step", disable=not progress)
+        save = Saving(trainer, checkpoints, batches, step if resuming else None)
+        log = MetricsLog(trainer, writer, bar, on_log, history, save.where)
+        validate = (Validation(trainer, eval_batches, decoded_eval, eval_writer, on_log, validations)
+                    if eval_every and (eval_batches is not None or decoded_eval is not None) else None)
+        try:
+            with StopRequested() as stop:
+                while step < num_steps and stop.signal is None:
+                    state, sums = trainer.train_step(state, trainer.shard_batch(next(batches)))
+                    step += 1
+                    log.add(sums)
+                    bar.update(1)
+                    last = step == num_steps
+                    saving = checkpoints is not None and (step % checkpoint_every == 0 or last or stop.signal is not None)
+                    if step % log_every == 0 or saving or last:
+                        log(step)
+                    if validate is not None and (step % eval_every == 0 or last):
+                        validate(step, state.params)
+                    if saving:
+                        save(step, state)
+                if stop.signal is not None:
+                    if log.pending:
+                        log(step)
+                    stop.raise_stop(step, save.last_good)
+        finally:  # an error or an interrupt still completes the checkpoint in flight
+            bar.close()
+            if checkpoints is not None:
+                checkpoints.wait()
+            writer.flush()
+            eval_writer.flush()
+        return TrainResult(state=state, history=history, train_eval=validations, model_dir=model_dir)
 
 
 # -- a run from a recipe ----------------------------------------------------------------------
@@ -329,30 +330,31 @@ def run_recipe(recipe: Recipe, *, on_log=None, progress: bool = True, trainer: T
     if jax.process_count() > 1 and recipe.run.decoded_sample:
         raise RecipeError(f"{recipe.source}: run.decoded_sample works in one process; set it to 0 and score "
                           "the checkpoints with `t5nb eval`")
-    recipe = recipe.resolved()
-    config = recipe.model_config()
-    if trainer is None:
-        trainer = make_trainer(recipe)
-    elif (trainer.model_config, trainer.train_config) != (config, recipe.optimizer):
-        raise ValueError("the trainer given differs from the recipe's model or optimizer")
     model_dir = pathlib.Path(recipe.run.model_dir)
-    resuming = recipe.run.checkpoint_every > 0 and resume_step(model_dir) is not None
-    if resuming and adapters.has_adapters(config) and (model_dir / "recipe.toml").is_file():
-        base = load_recipe(model_dir / "recipe.toml").run.init_checkpoint
-        if base != recipe.run.init_checkpoint:
-            raise RecipeError(f"{model_dir} trained adapters on {base}; refusing to resume them on "
-                              f"{recipe.run.init_checkpoint} (run.init_checkpoint)")
-    params = None  # a resumed run's checkpoints hold what it trained; its frozen base is read again
-    if recipe.run.init_checkpoint and not (resuming and not adapters.has_adapters(config)):
-        params = initial_params(recipe.run.init_checkpoint, config, trainer.mesh)
-    data = recipe.data
-    batches = tasks.BatchIterator(data.task, feature_lengths(recipe), data.batch_size, pack=data.pack, seed=data.seed)
-    if jax.process_index() == 0:
-        model_dir.mkdir(parents=True, exist_ok=True)
-        write_atomically(model_dir / "recipe.toml", recipe.to_toml())
-    result = train(trainer, batches, recipe.run.steps, model_dir,
-                   state=None if params is None else trainer.init_state(params),
-                   checkpoint_every=recipe.run.checkpoint_every, keep_checkpoints=recipe.run.keep_checkpoints,
-                   log_every=recipe.run.log_every, task_name=batches.task.name, on_log=on_log,
-                   progress=progress and jax.process_index() == 0, **recipe_validation(recipe))
+    with holding(model_dir):  # before anything is read or written there
+        recipe = recipe.resolved()
+        config = recipe.model_config()
+        if trainer is None:
+            trainer = make_trainer(recipe)
+        elif (trainer.model_config, trainer.train_config) != (config, recipe.optimizer):
+            raise ValueError("the trainer given differs from the recipe's model or optimizer")
+        resuming = recipe.run.checkpoint_every > 0 and resume_step(model_dir) is not None
+        if resuming and adapters.has_adapters(config) and (model_dir / "recipe.toml").is_file():
+            base = load_recipe(model_dir / "recipe.toml").run.init_checkpoint
+            if base != recipe.run.init_checkpoint:
+                raise RecipeError(f"{model_dir} trained adapters on {base}; refusing to resume them on "
+                                  f"{recipe.run.init_checkpoint} (run.init_checkpoint)")
+        params = None  # a resumed run's checkpoints hold what it trained; its frozen base is read again
+        if recipe.run.init_checkpoint and not (resuming and not adapters.has_adapters(config)):
+            params = initial_params(recipe.run.init_checkpoint, config, trainer.mesh)
+        data = recipe.data
+        batches = tasks.BatchIterator(data.task, feature_lengths(recipe), data.batch_size, pack=data.pack, seed=data.seed)
+        if jax.process_index() == 0:
+            model_dir.mkdir(parents=True, exist_ok=True)
+            write_atomically(model_dir / "recipe.toml", recipe.to_toml())
+        result = train(trainer, batches, recipe.run.steps, model_dir,
+                       state=None if params is None else trainer.init_state(params),
+                       checkpoint_every=recipe.run.checkpoint_every, keep_checkpoints=recipe.run.keep_checkpoints,
+                       log_every=recipe.run.log_every, task_name=batches.task.name, on_log=on_log,
+                       progress=progress and jax.process_index() == 0, **recipe_validation(recipe))
     return trainer, result

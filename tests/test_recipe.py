@@ -210,9 +210,11 @@ def test_a_lora_run_resumes_after_sigkill_bit_exactly(tmp_path, straight):
     assert any(np.any(expected[name]) for name in expected if name.endswith("lora_b"))  # the adapters trained
 
 
-def test_a_fine_tune_killed_during_its_first_save_starts_again_from_its_checkpoint(tmp_path, straight):
+def test_a_fine_tune_killed_during_its_first_save_starts_again_from_its_checkpoint_and_holds_its_folder(tmp_path, straight):
     """The rerun finds no finished step, only orbax's temporary folder: it removes that, saying
-    so, and fine-tunes from run.init_checkpoint again (never from random weights)."""
+    so, and fine-tunes from run.init_checkpoint again (never from random weights). A second run
+    started on the folder while the first is saving is refused at once, touching nothing; once
+    the first is killed, its lock is gone with it."""
     tune = [f"run.init_checkpoint={straight[1]}", "optimizer.learning_rate=0.01"]
     finish(start(tmp_path, tmp_path / "tuned", "tuned", changes=tune))
     model_dir = tmp_path / "killed"
@@ -221,6 +223,13 @@ def test_a_fine_tune_killed_during_its_first_save_starts_again_from_its_checkpoi
     while not list((model_dir / "checkpoints").glob("4.orbax-checkpoint-tmp*")):
         assert process.poll() is None and time.time() < deadline, "no save of step 4 began before the run ended"
         time.sleep(0.05)
+    recipe_written = (model_dir / "recipe.toml").stat().st_mtime_ns
+    second = start(tmp_path, model_dir, "second", changes=tune)  # while the first is still saving
+    refusal = second.communicate(timeout=120)[0]
+    assert second.returncode == 1 and f"{model_dir.resolve()} is in use: " in refusal, refusal[-3000:]
+    assert f"process {process.pid} since" in refusal and "Traceback" not in refusal
+    assert list((model_dir / "checkpoints").glob("4.orbax-checkpoint-tmp*"))  # the first's save left alone
+    assert (model_dir / "recipe.toml").stat().st_mtime_ns == recipe_written
     process.send_signal(signal.SIGKILL)
     process.wait()
     assert checkpoints.checkpoint_steps(model_dir) == []  # killed before its first step was finished

@@ -3,11 +3,13 @@
     <model_dir>/config.json        the model and train config (`run_config`)
     <model_dir>/recipe.toml        the resolved recipe (`t5nb.recipe`), when a recipe made the run
     <model_dir>/checkpoints/<step>/ orbax steps (`RunCheckpoints`)
+    <model_dir>/.lock              who trains it now (`holding`)
     <model_dir>/train, training_eval/<task>, inference_eval/<task>   TensorBoard events
 
 What a path names (`model_dir_kind`, `checkpoint_kind`: a run, a Hugging Face directory or a
 T5X checkpoint) and its model configuration are read here without loading any weights; the
-models themselves load in `t5nb.restore`.
+models themselves load in `t5nb.restore`. Where a run starts (`resume_step`) is decided here
+only, and one process at a time trains a folder (`holding`).
 
 Each step's folder `checkpoints/<step>/` holds three orbax items:
 - `state`: the `TrainState` (parameters, optimizer state, step), sharded as on the mesh;
@@ -19,12 +21,16 @@ Orbax writes a step into a temporary folder and renames it when complete, so a p
 mid-save leaves the previous steps intact. `restore_latest` falls back to the previous step,
 with a warning naming both, when the newest cannot be read.
 """
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import pathlib
 import shutil
+import socket
 import tempfile
+import time
 import warnings
 
 import jax
@@ -162,6 +168,60 @@ def resume_step(model_dir) -> int | None:
         shutil.rmtree(unfinished, ignore_errors=True)
     steps = ocp.path.step.checkpoint_steps(folder)  # finished steps only, as `RunCheckpoints` lists them
     return max(steps) if steps else None
+
+
+class RunInUse(ValueError):
+    """The run folder is being trained by another process: names the folder, the holder and since when."""
+
+
+_HELD = set()  # run folders this process holds
+
+
+@contextlib.contextmanager
+def holding(model_dir):
+    """This process as the one trainer of `model_dir` for the block. Another process (or job)
+    is refused at once with `RunInUse`, naming the folder, the holder (host, process id) and
+    since when. The lock is the operating system's (`flock` on `<model_dir>/.lock`), so it dies
+    with its process: a killed run never blocks the next. Where the filesystem cannot lock, a
+    holder on this host that is no longer running is taken over. Re-entrant within a process;
+    in a job of several processes, process 0 holds it for the job."""
+    folder = pathlib.Path(model_dir).resolve()
+    if folder in _HELD or jax.process_index() > 0:
+        yield
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "a+") as lock:
+        lock.seek(0)
+        holder = lock.read().strip()
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise RunInUse(f"{folder} is in use: {holder or 'another process'} is training it; wait for it to "
+                           "end or stop it, or train into another run.model_dir") from None
+        except OSError:  # no locks on this filesystem (some network or FUSE mounts): look at the holder
+            host, _, pid = holder.partition(" process ")
+            pid = pid.split()[0] if pid.split() else ""
+            if host == socket.gethostname() and pid.isdigit() and _running(int(pid)):
+                raise RunInUse(f"{folder} is in use: {holder} is training it") from None
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{socket.gethostname()} process {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        lock.flush()
+        _HELD.add(folder)
+        try:
+            yield
+        finally:
+            _HELD.discard(folder)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 # -- reading a run folder ----------------------------------------------------------------------
