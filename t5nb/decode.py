@@ -348,15 +348,16 @@ def encode_texts(vocabulary, texts, length: int) -> np.ndarray:
     """Token ids [n, length]: each text's pieces, trimmed to leave room for EOS, then EOS and 0s;
     one warning counts the texts that were cut."""
     tokens = np.zeros((len(texts), length), np.int32)
-    cut = 0
+    lengths = []
     for row, text in enumerate(texts):
-        ids = list(vocabulary.encode(text))
-        cut += len(ids) >= length
+        ids = list(vocabulary.encode(text)) + [EOS_ID]
+        lengths.append(len(ids))
         ids = ids[: length - 1] + [EOS_ID]
         tokens[row, : len(ids)] = ids
-    if cut:
-        warnings.warn(f"{cut} of {len(texts)} inputs are longer than the input length {length} (tokens with "
-                      "EOS) and were cut to it; a longer input length keeps them whole", stacklevel=3)
+    if cut := sum(n > length for n in lengths):
+        warnings.warn(f"{cut} of {len(texts)} inputs are longer than the input length {length} tokens (the longest "
+                      f"has {max(lengths)}, with EOS) and were cut to it; a longer input length keeps them whole "
+                      "(`t5nb infer --inputs-length`, `Predictor(input_length=...)`)", stacklevel=3)
     return tokens
 
 

@@ -17,7 +17,7 @@ from t5nb import _tensorflow  # noqa: F401, I001  (first: TensorFlow for tf.data
 from clu import metric_writers
 from tqdm.auto import tqdm
 
-from t5nb.checkpoints import RunCheckpoints, holding, resume_step
+from t5nb.checkpoints import RunCheckpoints, holding, resume_step, warn_if_short_of_space
 from t5nb.config import EXECUTION_FIELDS
 from t5nb.event_logs import logged_steps
 from t5nb.files import write_atomically
@@ -259,6 +259,8 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
         model_dir.mkdir(parents=True, exist_ok=True)
         resuming = checkpoint_every > 0 and resume_step(model_dir) is not None
         checkpoints = RunCheckpoints(model_dir / "checkpoints", keep_checkpoints) if checkpoint_every else None
+        if checkpoints is not None:
+            warn_if_short_of_space(model_dir, trainer.abstract_checkpoint(), keep_checkpoints)
         record_config(model_dir, trainer, resuming)
         if resuming:
             state = trainer.from_checkpoint(checkpoints.restore_latest(trainer.abstract_checkpoint(), batches))

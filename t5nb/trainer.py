@@ -93,7 +93,7 @@ def is_argmax(logits, targets):
 @struct.dataclass
 class TrainState:
     step: jax.Array
-    params: dict  # the trained float32 parameters in t5nb's nested dict (`checkpoints.params_of`): all, or the adapters
+    params: dict  # the trained float32 parameters, a nested dict (each stack stacked with scan_layers): all, or the adapters
     opt_state: optax.OptState
 
 
@@ -145,7 +145,7 @@ class Trainer:
 
     # -- state ---------------------------------------------------------------------------
     def init_params(self, seed: int | None = None) -> dict:
-        """Randomly initialised parameters, created directly with their shardings."""
+        """Randomly initialised parameters in this trainer's layout, created directly with their shardings."""
         seed = self.train_config.seed if seed is None else seed
 
         def create():
@@ -154,9 +154,9 @@ class Trainer:
         return jax.jit(create, out_shardings=self.param_shardings)()
 
     def init_state(self, params: dict | None = None) -> TrainState:
-        """Step 0 with a copy of `params` (all of the model's, e.g. from a checkpoint; the train
-        step donates its state, the caller's arrays survive) or a fresh initialisation. With
-        adapters, their frozen base becomes `frozen`."""
+        """Step 0 with a copy of `params` (all of the model's, per layer as from a checkpoint or
+        stacked; the train step donates its state, the caller's arrays survive) or a fresh
+        initialisation. With adapters, their frozen base becomes `frozen`."""
         params = self.init_params() if params is None else jax.device_put(
             jax.tree.map(jnp.copy, stack_layers(params) if self.model_config.scan_layers else params),
             self.param_shardings)

@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from t5nb import decode
-from t5nb.checkpoints import model_from_params, unflatten
+from t5nb.checkpoints import model_from_params, params_of, unflatten
 from t5nb.config import get_config
 from t5nb.model import Transformer
 from test_model import flat_params
@@ -87,6 +87,25 @@ def test_cached_greedy_equals_argmax_of_full_forward_passes(model, greedy):
     np.testing.assert_array_equal(np.asarray(greedy.sequences), tokens)
     assert len(np.unique(tokens)) > 3  # a real test: several distinct tokens
     np.testing.assert_allclose(greedy.scores, decode.score(model, inputs, tokens), rtol=1e-5)
+
+
+def test_a_scanned_model_decodes_as_the_unrolled_one(model, greedy):
+    """Decoding walks a scanned stack's layers one by one, sliced from its stacked parameters."""
+    scanned = model_from_params(model.config.replace(scan_layers=True), params_of(model))
+    result = decode.greedy_decode(scanned, make_inputs(), LENGTH)
+    np.testing.assert_array_equal(result.sequences, greedy.sequences)
+    np.testing.assert_allclose(result.scores, greedy.scores, rtol=1e-5)
+
+
+def test_inputs_cut_to_the_input_length_are_counted_and_named():
+    from t5nb.tasks import get_vocabulary  # here only: the mesh worker (this file as a script) needs no TensorFlow
+
+    vocabulary = get_vocabulary("facts")
+    long = "Ada Klimberg plays the mandolin. " * 100 + "Where was Ada Klimberg born?"
+    with pytest.warns(UserWarning, match=r"1 of 2 inputs are longer than the input length 64 tokens "
+                                         rf"\(the longest has {len(vocabulary.encode(long)) + 1}, with EOS\).*--inputs-length"):
+        tokens = decode.encode_texts(vocabulary, ["Where was Ada Klimberg born?", long], 64)
+    assert tokens[1, -1] == decode.EOS_ID and tokens[0, -1] == 0
 
 
 def test_greedy_stops_at_eos_and_scores_the_known_distribution(markov_model):

@@ -1,13 +1,7 @@
 """Recipes and `t5nb train`: reading and checking a recipe, --set, the shipped recipes, resume
-after SIGKILL through the command, and two processes through the command equal to one."""
+after SIGKILL through the command (LoRA too), and two processes through the command equal to
+one (the runs' helpers: command_runs.py)."""
 import dataclasses
-import os
-import pathlib
-import signal
-import socket
-import subprocess
-import sys
-import time
 import tomllib
 
 import numpy as np
@@ -15,16 +9,14 @@ import pytest
 import seqio
 
 import t5nb
-from t5nb import checkpoints, cli, restore, workflow
+from t5nb import cli, workflow
 from t5nb.paths import REPO_ROOT
 from t5nb.recipe import Recipe, RecipeError, load_recipe, make_trainer
 
+from command_runs import (COURSE, assert_same_params, batches, final_params, finish, kill_and_resume, start,  # noqa: I001
+                          straight_run, two_processes)
+
 RECIPES = REPO_ROOT / "recipes"
-COURSE = RECIPES / "course" / "pretraining.toml"
-COMMAND = pathlib.Path(__file__).with_name("train_command.py")
-# the course's pretraining recipe at the size of the ci profile, checkpointing every 4 steps
-SMALL = ["model.preset=t5.1.1-tiny", "data.batch_size=8", "data.inputs_length=64", "data.targets_length=16",
-         "run.steps=12", "run.checkpoint_every=4", "run.eval_every=4", "run.log_every=4"]
 
 
 def table(recipe: Recipe) -> dict:
@@ -124,71 +116,9 @@ def test_multi_host_flags_go_together(capsys):
 
 
 # -- runs of the command -----------------------------------------------------------------------
-def start(tmp_path, model_dir, name, *extra, devices=1, delay=0.0, save_delay=0.0, changes=()):
-    """`t5nb train` of the small course recipe (with `changes`) into `model_dir`, in its own process."""
-    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-           "JAX_COMPILATION_CACHE_DIR": str(tmp_path.parent / "jax_cache"),
-           "T5NB_TEST_BATCHES_OUT": str(tmp_path / f"{name}.batches"), "T5NB_TEST_BATCH_DELAY": str(delay),
-           "T5NB_TEST_SAVE_DELAY": str(save_delay)}
-    settings = [value for assignment in [*SMALL, *changes, f"run.model_dir={model_dir}"] for value in ("--set", assignment)]
-    return subprocess.Popen([sys.executable, str(COMMAND), "train", str(COURSE), *settings, *map(str, extra)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def finish(process):
-    output = process.communicate(timeout=600)[0]
-    assert process.returncode == 0, output[-3000:]
-    return output
-
-
-def two_processes(tmp_path, model_dir, name, delay=0.0):
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
-    return [start(tmp_path, model_dir, f"{name}{i}", "--coordinator", f"localhost:{port}", "--num-processes", 2,
-                  "--process-id", i, delay=delay) for i in (0, 1)]
-
-
-def final_params(model_dir) -> dict:
-    model, step = restore.load_model(model_dir)
-    assert step == 12
-    return checkpoints.flatten(checkpoints.params_of(model))
-
-
-def batches(tmp_path, name) -> list[str]:
-    return [line.split()[1] for line in (tmp_path / f"{name}.batches").read_text().splitlines()]
-
-
-def wait_for_checkpoint(process, model_dir, step):
-    deadline = time.time() + 300
-    while not (model_dir / "checkpoints" / str(step)).exists():  # orbax renames a step's folder when complete
-        assert process.poll() is None and time.time() < deadline, "no checkpoint at step 4 before the run ended"
-        time.sleep(0.05)
-
-
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
-    """The uninterrupted run on one process with 2 devices: (parameters, run directory)."""
-    tmp_path = tmp_path_factory.mktemp("straight")
-    finish(start(tmp_path, tmp_path / "run", "straight", devices=2))
-    return final_params(tmp_path / "run"), tmp_path / "run"
-
-
-def assert_same_params(expected: dict, got: dict):
-    assert expected.keys() == got.keys()
-    for name in expected:
-        assert np.array_equal(expected[name], got[name]), name
-
-
-def kill_and_resume(tmp_path, model_dir, devices=1, changes=()) -> str:
-    """Start the run, SIGKILL it once its step 4 is saved, start it again; the second's output."""
-    process = start(tmp_path, model_dir, "killed", devices=devices, delay=0.3, changes=changes)
-    wait_for_checkpoint(process, model_dir, 4)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    resumed_from = max(int(p.name) for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit())
-    assert 4 <= resumed_from < 12
-    return finish(start(tmp_path, model_dir, "resumed", devices=devices, changes=changes))
+    return straight_run(tmp_path_factory)
 
 
 def test_the_command_resumes_after_sigkill_bit_exactly(tmp_path, straight):
@@ -210,34 +140,6 @@ def test_a_lora_run_resumes_after_sigkill_bit_exactly(tmp_path, straight):
     assert any(np.any(expected[name]) for name in expected if name.endswith("lora_b"))  # the adapters trained
 
 
-def test_a_fine_tune_killed_during_its_first_save_starts_again_from_its_checkpoint_and_holds_its_folder(tmp_path, straight):
-    """The rerun finds no finished step, only orbax's temporary folder: it removes that, saying
-    so, and fine-tunes from run.init_checkpoint again (never from random weights). A second run
-    started on the folder while the first is saving is refused at once, touching nothing; once
-    the first is killed, its lock is gone with it."""
-    tune = [f"run.init_checkpoint={straight[1]}", "optimizer.learning_rate=0.01"]
-    finish(start(tmp_path, tmp_path / "tuned", "tuned", changes=tune))
-    model_dir = tmp_path / "killed"
-    process = start(tmp_path, model_dir, "killed", save_delay=30, changes=tune)
-    deadline = time.time() + 300
-    while not list((model_dir / "checkpoints").glob("4.orbax-checkpoint-tmp*")):
-        assert process.poll() is None and time.time() < deadline, "no save of step 4 began before the run ended"
-        time.sleep(0.05)
-    recipe_written = (model_dir / "recipe.toml").stat().st_mtime_ns
-    second = start(tmp_path, model_dir, "second", changes=tune)  # while the first is still saving
-    refusal = second.communicate(timeout=120)[0]
-    assert second.returncode == 1 and f"{model_dir.resolve()} is in use: " in refusal, refusal[-3000:]
-    assert f"process {process.pid} since" in refusal and "Traceback" not in refusal
-    assert list((model_dir / "checkpoints").glob("4.orbax-checkpoint-tmp*"))  # the first's save left alone
-    assert (model_dir / "recipe.toml").stat().st_mtime_ns == recipe_written
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert checkpoints.checkpoint_steps(model_dir) == []  # killed before its first step was finished
-    output = finish(start(tmp_path, model_dir, "resumed", changes=tune))
-    assert "4.orbax-checkpoint-tmp" in output and "removed, an unfinished checkpoint" in output
-    assert_same_params(final_params(tmp_path / "tuned"), final_params(model_dir))
-
-
 def test_two_processes_through_the_command_equal_one(tmp_path, straight):
     model_dir = tmp_path / "run"
     outputs = [finish(process) for process in two_processes(tmp_path, model_dir, "process")]
@@ -250,14 +152,3 @@ def test_two_processes_through_the_command_equal_one(tmp_path, straight):
                   if p.name.startswith("process")) == ["process_0", "process_1"]
 
 
-def test_two_processes_resume_after_one_is_killed(tmp_path, straight):
-    model_dir = tmp_path / "run"
-    processes = two_processes(tmp_path, model_dir, "killed", delay=0.3)
-    wait_for_checkpoint(processes[0], model_dir, 4)
-    processes[1].send_signal(signal.SIGKILL)  # one host fails; the scheduler then stops the job
-    processes[1].wait()
-    processes[0].send_signal(signal.SIGKILL)
-    processes[0].wait()
-    for process in two_processes(tmp_path, model_dir, "resumed"):  # and starts it again
-        finish(process)
-    assert_same_params(straight[0], final_params(model_dir))

@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 
-from t5nb.checkpoints import RunCheckpoints, flatten
+from t5nb.checkpoints import RunCheckpoints, flatten, runs
 from t5nb.config import get_config
 from t5nb.model import shift_right
 from t5nb.train import train
@@ -239,6 +239,16 @@ def test_a_scanned_state_holds_its_stacks_stacked_and_its_checkpoints_per_layer(
             for name, trainer in trainers.items()}
     restored = RunCheckpoints(tmp_path / "scanned" / "checkpoints").restore(trainers["unrolled"].abstract_checkpoint())
     assert_close_states(restored, runs["unrolled"].state)
+
+
+def test_a_run_warns_before_its_first_step_when_its_checkpoints_will_not_fit(tmp_path, monkeypatch):
+    trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0), TrainConfig(learning_rate=1e-2))
+    size = sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(trainer.abstract_checkpoint()))
+    usage = runs.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(runs.shutil, "disk_usage", lambda path: usage._replace(free=3 * size))  # room for 3, not 4
+    with pytest.warns(UserWarning, match=rf"MB free, but this run's checkpoints need about {4 * size / 2**20:,.0f} MB "
+                                         r"\(3 kept .*run\.keep_checkpoints.*run\.model_dir"):
+        train(trainer, Batches(copy_batch()), 1, tmp_path, checkpoint_every=1, progress=False)
 
 
 def test_batch_not_divisible_by_data_parallel_degree_is_clear():

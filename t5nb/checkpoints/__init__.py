@@ -13,7 +13,8 @@ from t5nb.checkpoints.hf import (HF_DIR, HF_NAME_TABLE, HF_WEIGHTS, config_from_
 from t5nb.checkpoints.params import (CheckpointError, abstract_model, abstract_params, check_params, flatten,
                                      model_from_params, params_of, unflatten, warn_if_not_finite)
 from t5nb.checkpoints.runs import (RUN_DIR, RunCheckpoints, RunInUse, checkpoint_config, checkpoint_kind,
-                                   checkpoint_steps, holding, is_t5x_checkpoint, model_dir_kind, require_steps, resume_step, run_config)
+                                   checkpoint_steps, holding, is_t5x_checkpoint, model_dir_kind, require_steps, resume_step, run_config,
+                                   warn_if_short_of_space)
 from t5nb.checkpoints.t5x import load_t5x, read_t5x_checkpoint
 
 __all__ = ["CheckpointError", "HF_DIR", "HF_NAME_TABLE", "HF_WEIGHTS", "RUN_DIR", "RunCheckpoints", "RunInUse", "abstract_model",
@@ -21,4 +22,4 @@ __all__ = ["CheckpointError", "HF_DIR", "HF_NAME_TABLE", "HF_WEIGHTS", "RUN_DIR"
            "config_from_hf", "config_to_hf", "flatten", "hf_name", "holding", "hf_weights_file", "is_t5x_checkpoint",
            "load_hf", "load_t5x", "model_dir_kind", "model_from_params", "params_of", "read_hf_checkpoint",
            "read_hf_config", "read_t5x_checkpoint", "require_steps", "resume_step", "run_config", "save_hf", "unflatten",
-           "warn_if_not_finite"]
+           "warn_if_not_finite", "warn_if_short_of_space"]

@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import fcntl
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -34,6 +35,7 @@ import time
 import warnings
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import future
@@ -168,6 +170,19 @@ def resume_step(model_dir) -> int | None:
         shutil.rmtree(unfinished, ignore_errors=True)
     steps = ocp.path.step.checkpoint_steps(folder)  # finished steps only, as `RunCheckpoints` lists them
     return max(steps) if steps else None
+
+
+def warn_if_short_of_space(model_dir, abstract_state, keep: int) -> None:
+    """Warn, before the first step, when the filesystem of `model_dir` cannot hold `keep` + 1
+    checkpoints of `abstract_state` (orbax writes the next one before it removes the oldest),
+    naming both figures and the two ways out."""
+    size = sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(abstract_state))
+    free, needed = shutil.disk_usage(model_dir).free, (keep + 1) * size
+    if free < needed:
+        warnings.warn(f"{model_dir}: {free / 2**20:,.0f} MB free, but this run's checkpoints need about "
+                      f"{needed / 2**20:,.0f} MB ({keep} kept of {size / 2**20:,.0f} MB each, and the next one "
+                      "while it is written); keep fewer (run.keep_checkpoints) or train into a run.model_dir "
+                      "with more space", stacklevel=3)
 
 
 class RunInUse(ValueError):

@@ -1,0 +1,88 @@
+"""`t5nb train` in processes of its own, for the tests that kill, resume and run it on several
+processes (test_recipe.py, test_run_folder.py): the small course recipe, its uninterrupted run
+(`straight_run`, which each of them runs once) and the helpers that start, kill and
+compare runs."""
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from t5nb import checkpoints, restore
+from t5nb.paths import REPO_ROOT
+
+COURSE = REPO_ROOT / "recipes" / "course" / "pretraining.toml"
+COMMAND = pathlib.Path(__file__).with_name("train_command.py")
+SMALL = ["model.preset=t5.1.1-tiny", "data.batch_size=8", "data.inputs_length=64", "data.targets_length=16",
+         "run.steps=12", "run.checkpoint_every=4", "run.eval_every=4", "run.log_every=4"]
+
+
+def start(tmp_path, model_dir, name, *extra, devices=1, delay=0.0, save_delay=0.0, changes=()):
+    """`t5nb train` of the small course recipe (with `changes`) into `model_dir`, in its own process."""
+    env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+           "JAX_COMPILATION_CACHE_DIR": str(tmp_path.parent / "jax_cache"),
+           "T5NB_TEST_BATCHES_OUT": str(tmp_path / f"{name}.batches"), "T5NB_TEST_BATCH_DELAY": str(delay),
+           "T5NB_TEST_SAVE_DELAY": str(save_delay)}
+    settings = [value for assignment in [*SMALL, *changes, f"run.model_dir={model_dir}"] for value in ("--set", assignment)]
+    return subprocess.Popen([sys.executable, str(COMMAND), "train", str(COURSE), *settings, *map(str, extra)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(process):
+    output = process.communicate(timeout=600)[0]
+    assert process.returncode == 0, output[-3000:]
+    return output
+
+
+def two_processes(tmp_path, model_dir, name, delay=0.0):
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    return [start(tmp_path, model_dir, f"{name}{i}", "--coordinator", f"localhost:{port}", "--num-processes", 2,
+                  "--process-id", i, delay=delay) for i in (0, 1)]
+
+
+def final_params(model_dir) -> dict:
+    model, step = restore.load_model(model_dir)
+    assert step == 12
+    return checkpoints.flatten(checkpoints.params_of(model))
+
+
+def batches(tmp_path, name) -> list[str]:
+    return [line.split()[1] for line in (tmp_path / f"{name}.batches").read_text().splitlines()]
+
+
+def wait_for_checkpoint(process, model_dir, step):
+    deadline = time.time() + 300
+    while not (model_dir / "checkpoints" / str(step)).exists():  # orbax renames a step's folder when complete
+        assert process.poll() is None and time.time() < deadline, "no checkpoint at step 4 before the run ended"
+        time.sleep(0.05)
+
+
+def straight_run(tmp_path_factory):
+    """The uninterrupted run on one process with 2 devices: (parameters, run directory); each
+    test file's `straight` fixture runs it once."""
+    tmp_path = tmp_path_factory.mktemp("straight")
+    finish(start(tmp_path, tmp_path / "run", "straight", devices=2))
+    return final_params(tmp_path / "run"), tmp_path / "run"
+
+
+def assert_same_params(expected: dict, got: dict):
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert np.array_equal(expected[name], got[name]), name
+
+
+def kill_and_resume(tmp_path, model_dir, devices=1, changes=()) -> str:
+    """Start the run, SIGKILL it once its step 4 is saved, start it again; the second's output."""
+    process = start(tmp_path, model_dir, "killed", devices=devices, delay=0.3, changes=changes)
+    wait_for_checkpoint(process, model_dir, 4)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    resumed_from = max(int(p.name) for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit())
+    assert 4 <= resumed_from < 12
+    return finish(start(tmp_path, model_dir, "resumed", devices=devices, changes=changes))
