@@ -350,8 +350,8 @@ def encode_texts(vocabulary, texts, length: int) -> np.ndarray:
     tokens = np.zeros((len(texts), length), np.int32)
     lengths = []
     for row, text in enumerate(texts):
-        ids = list(vocabulary.encode(text)) + [EOS_ID]
-        lengths.append(len(ids))
+        ids = list(vocabulary.encode(text))
+        lengths.append(len(ids) + 1)  # with EOS
         ids = ids[: length - 1] + [EOS_ID]
         tokens[row, : len(ids)] = ids
     if cut := sum(n > length for n in lengths):

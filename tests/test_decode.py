@@ -105,7 +105,9 @@ def test_inputs_cut_to_the_input_length_are_counted_and_named():
     with pytest.warns(UserWarning, match=r"1 of 2 inputs are longer than the input length 64 tokens "
                                          rf"\(the longest has {len(vocabulary.encode(long)) + 1}, with EOS\).*--inputs-length"):
         tokens = decode.encode_texts(vocabulary, ["Where was Ada Klimberg born?", long], 64)
-    assert tokens[1, -1] == decode.EOS_ID and tokens[0, -1] == 0
+    short = list(vocabulary.encode("Where was Ada Klimberg born?")) + [decode.EOS_ID]
+    assert tokens[0, : len(short)].tolist() == short and not tokens[0, len(short):].any()  # one EOS, then padding
+    assert tokens[1, -1] == decode.EOS_ID
 
 
 def test_greedy_stops_at_eos_and_scores_the_known_distribution(markov_model):
