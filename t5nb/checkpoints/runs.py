@@ -168,8 +168,8 @@ def resume_step(model_dir) -> int | None:
         warnings.warn(f"{unfinished}: removed, an unfinished checkpoint (the process writing it was "
                       "stopped); the run goes on from its last finished step", stacklevel=2)
         shutil.rmtree(unfinished, ignore_errors=True)
-    steps = ocp.path.step.checkpoint_steps(folder)  # finished steps only, as `RunCheckpoints` lists them
-    return max(steps) if steps else None
+    steps = checkpoint_steps(model_dir)
+    return steps[-1] if steps else None
 
 
 def warn_if_short_of_space(model_dir, abstract_state, keep: int) -> None:
@@ -234,8 +234,8 @@ def _running(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's process
-        return True
+    except PermissionError:  # another user's process: running
+        pass
     return True
 
 
@@ -253,10 +253,9 @@ def run_config(model_dir) -> tuple[T5Config, dict]:
 
 
 def checkpoint_steps(model_dir) -> list[int]:
-    """Steps of the orbax checkpoints of a training run (empty for a Hugging Face directory)."""
-    if not (pathlib.Path(model_dir) / "checkpoints").is_dir():
-        return []
-    return RunCheckpoints(pathlib.Path(model_dir) / "checkpoints").all_steps()
+    """Finished steps of the orbax checkpoints of a training run, in order (empty for a Hugging
+    Face directory), read from the folder's names without opening a checkpoint manager."""
+    return sorted(ocp.path.step.checkpoint_steps(pathlib.Path(model_dir) / "checkpoints"))
 
 
 def model_dir_kind(model_dir) -> str:
