@@ -10,7 +10,7 @@ import numpy as np
 import optax
 from flax import nnx, struct
 
-from t5nb import adapters
+from t5nb import adapters, layerwise
 from t5nb import mesh as mesh_lib
 from t5nb.config import T5Config
 from t5nb.model import Transformer, stack_layers, unstack_layers
@@ -58,13 +58,20 @@ def learning_rate_schedule(config: TrainConfig):
     return lambda step: 1.0 / jnp.sqrt(jnp.maximum(step, config.warmup_steps))
 
 
-def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
-    """optax's Adafactor with T5X's defaults, or AdamW."""
+def optimizer_parts(config: TrainConfig) -> tuple[optax.GradientTransformation | None, optax.GradientTransformation]:
+    """(what reads all gradients together, or None; what updates each parameter alone):
+    optax's Adafactor with T5X's defaults, or AdamW after a global-norm clip."""
     schedule = learning_rate_schedule(config)
     if config.optimizer == "adafactor":
-        return optax.adafactor(schedule, decay_rate=0.8, clipping_threshold=1.0,
-                               multiply_by_parameter_scale=config.parameter_scale, min_dim_size_to_factor=128)
-    return optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01))
+        return None, optax.adafactor(schedule, decay_rate=0.8, clipping_threshold=1.0,
+                                     multiply_by_parameter_scale=config.parameter_scale, min_dim_size_to_factor=128)
+    return optax.clip_by_global_norm(1.0), optax.adamw(schedule, weight_decay=0.01)
+
+
+def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
+    """The optimizer of `optimizer_parts`, as one transformation."""
+    whole, each = optimizer_parts(config)
+    return each if whole is None else optax.chain(whole, each)
 
 
 def cross_entropy_with_z_loss(logits, targets, z_loss=1e-4, label_smoothing=0.0):
@@ -102,6 +109,10 @@ def _abstract_params(config: T5Config):
     return nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))), nnx.Param)
 
 
+def _shardings(abstract):
+    return jax.tree.map(lambda x: x.sharding, abstract)
+
+
 def _loss_weights(batch):
     if "decoder_loss_weights" in batch:
         return batch["decoder_loss_weights"].astype(jnp.float32)
@@ -115,10 +126,11 @@ class Trainer:
     holds them and their optimizer state, and `frozen` the rest, an input of the steps that gets
     no gradient. `model(params)` joins the two.
 
-    With `scan_layers`, the state holds each stack's parameters stacked on a leading `layers`
-    axis, as the scan reads them (T5X's scanned layout); the optimizer sees each layer's as its
-    own (Adafactor factors and scales them as it does unrolled), so its state, and every
-    checkpoint (`checkpoint_state`, `from_checkpoint`), keep the per-layer layout."""
+    With `scan_layers`, the state holds each stack's parameters, and their optimizer state,
+    stacked on a leading `layers` axis, as the scan reads them (T5X's scanned layout); the
+    optimizer updates each layer as its own, one at a time (`t5nb.layerwise`: Adafactor factors
+    and scales it as unrolled), and every checkpoint keeps the per-layer layout
+    (`checkpoint_state`, `from_checkpoint`)."""
 
     def __init__(self, model_config: T5Config, train_config: TrainConfig, mesh=None,
                  rules=mesh_lib.STANDARD_RULES):
@@ -126,6 +138,7 @@ class Trainer:
         self.mesh = mesh if mesh is not None else mesh_lib.make_mesh()
         self.rules = rules
         self.optimizer = make_optimizer(train_config)
+        self._optimizer_parts = optimizer_parts(train_config)
         self.graphdef, self.param_state = _abstract_params(model_config)  # the state keeps the logical axes
         self.param_shardings = nnx.to_pure_dict(mesh_lib.param_shardings(self.param_state, self.mesh, rules))
         self.trainable_shardings, self.frozen_shardings = adapters.split(model_config, self.param_shardings)
@@ -161,8 +174,7 @@ class Trainer:
             jax.tree.map(jnp.copy, stack_layers(params) if self.model_config.scan_layers else params),
             self.param_shardings)
         params, self._frozen = adapters.split(self.model_config, params)
-        opt_state = jax.jit(lambda p: self.optimizer.init(unstack_layers(p)),
-                            out_shardings=self._opt_state_shardings())(params)
+        opt_state = jax.jit(self._init_opt_state, out_shardings=self._opt_state_shardings(stacked=True))(params)
         step = jax.device_put(jnp.zeros((), jnp.int32), self._replicated)
         return TrainState(step=step, params=params, opt_state=opt_state)
 
@@ -176,39 +188,53 @@ class Trainer:
 
     def abstract_state(self) -> TrainState:
         """The train state's shapes, dtypes and shardings, nothing allocated: what the train step compiles for."""
-        return self._abstract(self._abstract_trainable, self.trainable_shardings)
+        return self._abstract(stacked=True)
 
     def abstract_checkpoint(self) -> TrainState:
         """The train state as checkpoints hold it (`checkpoint_state`), nothing allocated: what to restore into."""
-        return self._abstract(self._abstract_per_layer, self._per_layer_shardings)
+        return self._abstract(stacked=False)
 
-    def _abstract(self, params, param_shardings) -> TrainState:
+    def _abstract(self, stacked: bool) -> TrainState:
+        """The train state (`stacked`: as the steps take it) or a checkpoint's, nothing allocated."""
+        params, param_shardings = ((self._abstract_trainable, self.trainable_shardings) if stacked
+                                   else (self._abstract_per_layer, self._per_layer_shardings))
         abstract = TrainState(step=jax.ShapeDtypeStruct((), jnp.int32), params=params,
-                              opt_state=jax.eval_shape(self.optimizer.init, self._abstract_per_layer))
-        shardings = TrainState(step=self._replicated, params=param_shardings, opt_state=self._opt_state_shardings())
+                              opt_state=jax.eval_shape(self._init_opt_state if stacked else self.optimizer.init, params))
+        shardings = TrainState(step=self._replicated, params=param_shardings,
+                               opt_state=self._opt_state_shardings(stacked))
         return jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                             abstract, shardings)
+
+    def _init_opt_state(self, params):
+        """The optimizer's initial state for `params` as the train state holds them."""
+        if not self.model_config.scan_layers:
+            return self.optimizer.init(params)
+        return layerwise.stack_state(self.optimizer.init(unstack_layers(params)))
 
     def checkpoint_state(self, state: TrainState) -> TrainState:
         """`state` as checkpoints hold it: each stack's layers keyed by index (a scanned state's unstacked)."""
         if not self.model_config.scan_layers:
             return state
-        return state.replace(params=jax.jit(unstack_layers, out_shardings=self._per_layer_shardings)(state.params))
+        per_layer = lambda s: s.replace(params=unstack_layers(s.params), opt_state=layerwise.unstack_state(s.opt_state))  # noqa: E731
+        return jax.jit(per_layer, out_shardings=_shardings(self.abstract_checkpoint()))(state)
 
     def from_checkpoint(self, state: TrainState) -> TrainState:
         """`checkpoint_state`'s inverse: a restored state as this trainer's steps take it."""
         if not self.model_config.scan_layers:
             return state
-        return state.replace(params=jax.jit(stack_layers, out_shardings=self.trainable_shardings)(state.params))
+        stacked = lambda s: s.replace(params=stack_layers(s.params), opt_state=layerwise.stack_state(s.opt_state))  # noqa: E731
+        return jax.jit(stacked, out_shardings=_shardings(self.abstract_state()))(state)
 
-    def _opt_state_shardings(self):
+    def _opt_state_shardings(self, stacked: bool):
         """Optimizer statistics shaped like their parameter share its sharding; the rest
-        (Adafactor's factored rows/columns, counters) are replicated."""
-        params = self._abstract_per_layer
+        (Adafactor's factored rows/columns, counters) are replicated. `stacked`: for the train
+        state's parameters (stacked with `scan_layers`), else for the per-layer ones."""
+        params, shardings = ((self._abstract_trainable, self.trainable_shardings) if stacked
+                             else (self._abstract_per_layer, self._per_layer_shardings))
         return optax.tree_map_params(
             self.optimizer,
             lambda leaf, param, sharding: sharding if leaf.shape == param.shape else self._replicated,
-            jax.eval_shape(self.optimizer.init, params), params, self._per_layer_shardings,
+            jax.eval_shape(self._init_opt_state if stacked else self.optimizer.init, params), params, shardings,
             transform_non_params=lambda _: self._replicated)
 
     def model(self, params) -> Transformer:
@@ -272,9 +298,12 @@ class Trainer:
             (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(cfg.grad_accum_steps), micro))
         normalizer = cfg.loss_normalizing_factor or jnp.maximum(sums["weight"], 1.0)
         grads = jax.tree.map(lambda g: g / normalizer, grads)
-        # the optimizer sees each layer's parameters as its own: a scanned stack's unstacked, its updates stacked again
-        updates, opt_state = self.optimizer.update(unstack_layers(grads), state.opt_state, unstack_layers(state.params))
-        params = optax.apply_updates(state.params, stack_layers(updates) if self.model_config.scan_layers else updates)
+        if self.model_config.scan_layers:  # each layer of a stack updated as its own, one at a time
+            whole, each = self._optimizer_parts
+            params, opt_state = layerwise.update(each, grads, state.opt_state, state.params, whole)
+        else:
+            updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+            params = optax.apply_updates(state.params, updates)
         sums = {**sums, "grad_norm": optax.global_norm(grads),
                 "learning_rate": learning_rate_schedule(cfg)(state.step)}
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), sums
@@ -282,7 +311,7 @@ class Trainer:
     def compile_train_step(self, state: TrainState, batch: dict):
         """The train step compiled for `state` and `batch`: arrays, or `ShapeDtypeStruct`s with
         shardings (`abstract_state()`), which compile it without allocating anything."""
-        state_shardings = jax.tree.map(lambda x: x.sharding, state)
+        state_shardings = _shardings(state)
         frozen = jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                               self._abstract_frozen, self.frozen_shardings)  # abstract, as `state` may be
         jitted = jax.jit(self._train_step_fn, in_shardings=(state_shardings, self.frozen_shardings, self.batch_sharding),

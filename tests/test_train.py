@@ -224,17 +224,26 @@ def assert_close_states(got, expected, atol=1e-5):
         np.testing.assert_allclose(a, b, atol=atol)
 
 
-def test_a_scanned_state_holds_its_stacks_stacked_and_its_checkpoints_per_layer(tmp_path):
-    """T5X's scanned layout in the train state (a leading `layers` axis: the scan reads it as it is)
-    and the per-layer layout on disk: an unrolled trainer restores a scanned run's checkpoint, and
-    both runs train alike, as Adafactor factors and scales each layer's matrices on its own."""
-    config = get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0)
-    trainers = {name: Trainer(config.replace(scan_layers=name == "scanned"), TrainConfig(learning_rate=1e-2))
-                for name in ("scanned", "unrolled")}
-    stacked = trainers["scanned"].init_state().params["decoder"]["layers"]["mlp"]["wo"]["kernel"]
+@pytest.mark.parametrize("optimizer, lora_rank", [("adafactor", 0), ("adamw", 0), ("adafactor", 2)])
+def test_a_scanned_state_holds_its_stacks_stacked_and_its_checkpoints_per_layer(tmp_path, optimizer, lora_rank):
+    """T5X's scanned layout in the train state (a leading `layers` axis on the parameters and on
+    their optimizer statistics: the scan reads them as they are) and the per-layer layout on disk:
+    an unrolled trainer restores a scanned run's checkpoint, and both runs train alike, as the
+    optimizer updates each layer's matrices on their own (AdamW's clip sees all of them at once);
+    the same for LoRA's adapters, which live in the layers."""
+    config = get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0, lora_rank=lora_rank,
+                        lora_targets=("query", "value", "wo"))
+    trainers = {name: Trainer(config.replace(scan_layers=name == "scanned"),
+                              TrainConfig(learning_rate=1e-2, optimizer=optimizer)) for name in ("scanned", "unrolled")}
+    scanned_state = trainers["scanned"].init_state()
+    name = "lora_a" if lora_rank else "kernel"
+    stacked = scanned_state.params["decoder"]["layers"]["mlp"]["wo"][name]
     per_layer = trainers["unrolled"].init_state().params["decoder"]["layers"]
-    assert stacked.shape == (config.num_decoder_layers, *per_layer[0]["mlp"]["wo"]["kernel"].shape)
-    np.testing.assert_array_equal(stacked[1], per_layer[1]["mlp"]["wo"]["kernel"])  # the same initialisation
+    assert stacked.shape == (config.num_decoder_layers, *per_layer[0]["mlp"]["wo"][name].shape)
+    np.testing.assert_array_equal(stacked[1], per_layer[1]["mlp"]["wo"][name])  # the same initialisation
+    statistics = [leaf for path, leaf in jax.tree_util.tree_leaves_with_path(scanned_state.opt_state)
+                  if "'decoder']['layers']" in jax.tree_util.keystr(path)]
+    assert statistics and all(leaf.shape[0] == config.num_decoder_layers for leaf in statistics)
     runs = {name: train(trainer, Batches(copy_batch()), 3, tmp_path / name, checkpoint_every=3, progress=False)
             for name, trainer in trainers.items()}
     restored = RunCheckpoints(tmp_path / "scanned" / "checkpoints").restore(trainers["unrolled"].abstract_checkpoint())
