@@ -1,10 +1,8 @@
 """`t5nb train` in processes of its own, for the tests that kill, resume and run it on several
-processes (test_recipe.py, test_run_folder.py): the small course recipe, its uninterrupted run
-(`straight_run`, which each of them runs once) and the helpers that start, kill and
-compare runs."""
+processes (test_run_folder.py): the small course recipe, its uninterrupted run (`straight_run`)
+and the helpers that start and compare runs."""
 import os
 import pathlib
-import signal
 import socket
 import subprocess
 import sys
@@ -21,12 +19,14 @@ SMALL = ["model.preset=t5.1.1-tiny", "data.batch_size=8", "data.inputs_length=64
          "run.steps=12", "run.checkpoint_every=4", "run.eval_every=4", "run.log_every=4"]
 
 
-def start(tmp_path, model_dir, name, *extra, devices=1, delay=0.0, save_delay=0.0, changes=()):
-    """`t5nb train` of the small course recipe (with `changes`) into `model_dir`, in its own process."""
+def start(tmp_path, model_dir, name, *extra, devices=1, delay=0.0, kill_at=None, changes=()):
+    """`t5nb train` of the small course recipe (with `changes`) into `model_dir`, in its own
+    process; with `kill_at`, it waits at that point (kill_points) once `tmp_path/<name>.reached` exists."""
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-           "JAX_COMPILATION_CACHE_DIR": str(tmp_path.parent / "jax_cache"),
+           "JAX_COMPILATION_CACHE_DIR": str(tmp_path.parent / "jax_cache"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
            "T5NB_TEST_BATCHES_OUT": str(tmp_path / f"{name}.batches"), "T5NB_TEST_BATCH_DELAY": str(delay),
-           "T5NB_TEST_SAVE_DELAY": str(save_delay)}
+           **({"T5NB_TEST_KILL_AT": kill_at, "T5NB_TEST_KILL_MARKER": str(tmp_path / f"{name}.reached")}
+              if kill_at else {})}
     settings = [value for assignment in [*SMALL, *changes, f"run.model_dir={model_dir}"] for value in ("--set", assignment)]
     return subprocess.Popen([sys.executable, str(COMMAND), "train", str(COURSE), *settings, *map(str, extra)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -75,14 +75,3 @@ def assert_same_params(expected: dict, got: dict):
     assert expected.keys() == got.keys()
     for name in expected:
         assert np.array_equal(expected[name], got[name]), name
-
-
-def kill_and_resume(tmp_path, model_dir, devices=1, changes=()) -> str:
-    """Start the run, SIGKILL it once its step 4 is saved, start it again; the second's output."""
-    process = start(tmp_path, model_dir, "killed", devices=devices, delay=0.3, changes=changes)
-    wait_for_checkpoint(process, model_dir, 4)
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    resumed_from = max(int(p.name) for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit())
-    assert 4 <= resumed_from < 12
-    return finish(start(tmp_path, model_dir, "resumed", devices=devices, changes=changes))

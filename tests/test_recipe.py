@@ -1,10 +1,8 @@
-"""Recipes and `t5nb train`: reading and checking a recipe, --set, the shipped recipes, resume
-after SIGKILL through the command (LoRA too), and two processes through the command equal to
-one (the runs' helpers: command_runs.py)."""
+"""Recipes and `t5nb train`: reading and checking a recipe, --set, the shipped recipes (runs of
+the command, killed or on several processes: test_run_folder.py)."""
 import dataclasses
 import tomllib
 
-import numpy as np
 import pytest
 import seqio
 
@@ -13,8 +11,7 @@ from t5nb import cli, workflow
 from t5nb.paths import REPO_ROOT
 from t5nb.recipe import Recipe, RecipeError, load_recipe, make_trainer
 
-from command_runs import (COURSE, assert_same_params, batches, final_params, finish, kill_and_resume, start,  # noqa: I001
-                          straight_run, two_processes)
+from command_runs import COURSE  # noqa: I001
 
 RECIPES = REPO_ROOT / "recipes"
 
@@ -113,42 +110,4 @@ def test_dry_run_prints_the_resolved_recipe(capsys):
 def test_multi_host_flags_go_together(capsys):
     assert cli.main(["train", str(COURSE), "--coordinator", "localhost:1234"]) == 1
     assert "--coordinator, --num-processes and --process-id go together" in capsys.readouterr().err
-
-
-# -- runs of the command -----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    return straight_run(tmp_path_factory)
-
-
-def test_the_command_resumes_after_sigkill_bit_exactly(tmp_path, straight):
-    model_dir = tmp_path / "run"
-    output = kill_and_resume(tmp_path, model_dir, devices=2)
-    assert f"{model_dir}: step 12" in output
-    assert_same_params(straight[0], final_params(model_dir))
-    assert (model_dir / "recipe.toml").read_text() == (straight[1] / "recipe.toml").read_text().replace(
-        str(straight[1]), str(model_dir))
-
-
-def test_a_lora_run_resumes_after_sigkill_bit_exactly(tmp_path, straight):
-    """LoRA on the straight run's model: its checkpoints hold the adapters, its base is read again."""
-    lora = [f"run.init_checkpoint={straight[1]}", "model.lora_rank=2", "optimizer.learning_rate=0.01"]
-    finish(start(tmp_path, tmp_path / "lora", "lora", changes=lora))
-    kill_and_resume(tmp_path, tmp_path / "resumed", changes=lora)
-    expected, got = final_params(tmp_path / "lora"), final_params(tmp_path / "resumed")
-    assert_same_params(expected, got)
-    assert any(np.any(expected[name]) for name in expected if name.endswith("lora_b"))  # the adapters trained
-
-
-def test_two_processes_through_the_command_equal_one(tmp_path, straight):
-    model_dir = tmp_path / "run"
-    outputs = [finish(process) for process in two_processes(tmp_path, model_dir, "process")]
-    assert f"{model_dir}: step 12" in outputs[0] and f"{model_dir}: step 12" not in outputs[1]  # one reporter
-    assert_same_params(straight[0], final_params(model_dir))
-    # each process read its own half of every global batch
-    halves = [batches(tmp_path, f"process{i}") for i in (0, 1)]
-    assert len(halves[0]) == len(halves[1]) == 12 and all(a != b for a, b in zip(*halves))
-    assert sorted(p.name for p in (model_dir / "checkpoints" / "12" / "pipeline").iterdir()
-                  if p.name.startswith("process")) == ["process_0", "process_1"]
-
 

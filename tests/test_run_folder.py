@@ -1,18 +1,20 @@
 """A run folder's start and its one trainer (`t5nb.checkpoints.runs`): unit tests, then runs of
-`t5nb train` killed while saving and on several processes (helpers: command_runs.py)."""
+`t5nb train` in processes of their own: the kill matrix, and runs on several processes (helpers:
+command_runs.py, kill_points.py)."""
 import errno
 import os
 import signal
 import socket
 import time
 
+import numpy as np
 import pytest
 
 from t5nb import checkpoints
 from t5nb.checkpoints import runs
 
-from command_runs import (assert_same_params, final_params, finish, start, straight_run, two_processes,  # noqa: I001
-                          wait_for_checkpoint)
+from command_runs import (assert_same_params, batches, final_params, finish, start, straight_run,  # noqa: I001
+                          two_processes, wait_for_checkpoint)
 
 
 def test_an_unfinished_step_is_never_a_step_and_is_removed_with_a_notice(tmp_path):
@@ -48,32 +50,81 @@ def straight(tmp_path_factory):
     return straight_run(tmp_path_factory)
 
 
-def test_a_fine_tune_killed_during_its_first_save_starts_again_from_its_checkpoint_and_holds_its_folder(tmp_path, straight):
-    """The rerun finds no finished step, only orbax's temporary folder: it removes that, saying
-    so, and fine-tunes from run.init_checkpoint again (never from random weights). A second run
-    started on the folder while the first is saving is refused at once, touching nothing; once
-    the first is killed, its lock is gone with it."""
-    tune = [f"run.init_checkpoint={straight[1]}", "optimizer.learning_rate=0.01"]
-    finish(start(tmp_path, tmp_path / "tuned", "tuned", changes=tune))
-    model_dir = tmp_path / "killed"
-    process = start(tmp_path, model_dir, "killed", save_delay=30, changes=tune)
-    deadline = time.time() + 300
-    while not list((model_dir / "checkpoints").glob("4.orbax-checkpoint-tmp*")):
-        assert process.poll() is None and time.time() < deadline, "no save of step 4 began before the run ended"
-        time.sleep(0.05)
-    recipe_written = (model_dir / "recipe.toml").stat().st_mtime_ns
-    second = start(tmp_path, model_dir, "second", changes=tune)  # while the first is still saving
-    refusal = second.communicate(timeout=120)[0]
-    assert second.returncode == 1 and f"{model_dir.resolve()} is in use: " in refusal, refusal[-3000:]
-    assert f"process {process.pid} since" in refusal and "Traceback" not in refusal
-    assert list((model_dir / "checkpoints").glob("4.orbax-checkpoint-tmp*"))  # the first's save left alone
-    assert (model_dir / "recipe.toml").stat().st_mtime_ns == recipe_written
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert checkpoints.checkpoint_steps(model_dir) == []  # killed before its first step was finished
-    output = finish(start(tmp_path, model_dir, "resumed", changes=tune))
-    assert "4.orbax-checkpoint-tmp" in output and "removed, an unfinished checkpoint" in output
-    assert_same_params(final_params(tmp_path / "tuned"), final_params(model_dir))
+# Where the kill matrix stops a run, in the order one run meets them (kill_points.py): each
+# killed run is started again with the same command, which is killed at the next point.
+KILL_POINTS = (
+    "recipe.toml",   # half of the recipe written, before anything else
+    "config.json",   # half of the run's config written
+    "save",          # during the run's first save: no finished step yet
+    "after a save",  # step 4 saved, before the log of step 8
+    "save",          # during a later save (step 8), step 4 on disk
+    "validation",    # the validation of step 8 computed, not yet written
+)
+KINDS = {  # what the run does, and on how many devices
+    "pretraining": ([], 2),
+    "fine-tune": (["optimizer.learning_rate=0.01"], 1),
+    "lora": (["model.lora_rank=2", "optimizer.learning_rate=0.01"], 1),
+}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_run_killed_at_every_point_ends_as_an_uninterrupted_one(tmp_path, straight, kind):
+    """The kill matrix: a pretraining (on 2 devices), a full fine-tune and a LoRA fine-tune (both
+    from the pretraining run's checkpoint) are SIGKILLed at each of KILL_POINTS in turn, each time
+    started again with the same command; the last start finishes, and its parameters equal the
+    uninterrupted run's bit for bit. Beside that: a run killed during its first save starts again
+    from its init_checkpoint (never random weights), removing orbax's unfinished folder with a
+    notice; while one is parked there, a second `t5nb train` on the folder is refused at once,
+    naming the holder, and touches nothing; the holder's kill frees the folder."""
+    changes, devices = KINDS[kind]
+    if kind == "pretraining":
+        expected = straight[0]
+    else:
+        changes = [f"run.init_checkpoint={straight[1]}", *changes]
+        finish(start(tmp_path, tmp_path / "straight", "straight", changes=changes))
+        expected = final_params(tmp_path / "straight")
+    model_dir, outputs = tmp_path / "run", []
+    for number, point in enumerate(KILL_POINTS):
+        name = f"killed{number}"
+        process = start(tmp_path, model_dir, name, devices=devices, kill_at=point, changes=changes)
+        deadline = time.time() + 300
+        while not (tmp_path / f"{name}.reached").exists():
+            if process.poll() is not None or time.time() > deadline:
+                process.kill()
+                pytest.fail(f"{kind} never reached {point!r}: {process.communicate()[0][-3000:]}")
+            time.sleep(0.01)
+        steps = checkpoints.checkpoint_steps(model_dir)
+        if point == "save" and not steps and kind == "fine-tune":
+            second = start(tmp_path, model_dir, "second", changes=changes)
+            refusal = second.communicate(timeout=120)[0]
+            assert second.returncode == 1 and f"{model_dir.resolve()} is in use: " in refusal, refusal[-3000:]
+            assert f"process {process.pid} since" in refusal and "Traceback" not in refusal
+            assert checkpoints.checkpoint_steps(model_dir) == []
+        process.send_signal(signal.SIGKILL)
+        outputs.append(process.communicate()[0])
+        if point == "save":
+            assert list((model_dir / "checkpoints").glob("*.orbax-checkpoint-tmp*")), "not killed during a save"
+            assert steps == ([] if number == 2 else [4])
+    outputs.append(finish(start(tmp_path, model_dir, "resumed", devices=devices, changes=changes)))
+    for number, point in enumerate(KILL_POINTS):
+        if point == "save":  # the next start removes what the killed save left, saying so
+            assert "removed, an unfinished checkpoint" in outputs[number + 1], outputs[number + 1][-3000:]
+    assert f"{model_dir}: step 12" in outputs[-1]
+    assert_same_params(expected, final_params(model_dir))
+    if kind == "lora":
+        assert any(np.any(expected[name]) for name in expected if name.endswith("lora_b"))  # the adapters trained
+
+
+def test_two_processes_through_the_command_equal_one(tmp_path, straight):
+    model_dir = tmp_path / "run"
+    outputs = [finish(process) for process in two_processes(tmp_path, model_dir, "process")]
+    assert f"{model_dir}: step 12" in outputs[0] and f"{model_dir}: step 12" not in outputs[1]  # one reporter
+    assert_same_params(straight[0], final_params(model_dir))
+    # each process read its own half of every global batch
+    halves = [batches(tmp_path, f"process{i}") for i in (0, 1)]
+    assert len(halves[0]) == len(halves[1]) == 12 and all(a != b for a, b in zip(*halves))
+    assert sorted(p.name for p in (model_dir / "checkpoints" / "12" / "pipeline").iterdir()
+                  if p.name.startswith("process")) == ["process_0", "process_1"]
 
 
 def test_two_processes_resume_after_one_is_killed(tmp_path, straight):

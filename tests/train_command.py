@@ -1,26 +1,19 @@
 """`t5nb train ARGS...` in its own process, each train batch recorded to $T5NB_TEST_BATCHES_OUT
 (and slowed by $T5NB_TEST_BATCH_DELAY seconds; see slow_batches), for the kill-and-resume tests.
-$T5NB_TEST_SAVE_DELAY seconds more in each checkpoint's write, while orbax's temporary folder
-exists, give a test the time to kill the process in the middle of a save."""
+With $T5NB_TEST_KILL_AT, the process waits at that point (kill_points) for the test to kill it,
+having written $T5NB_TEST_KILL_MARKER."""
 import os
 import sys
-import time
 
 import jax
+import kill_points
 from slow_batches import record_batches
 
 from t5nb import cli
-from t5nb.checkpoints import runs
 
 record_batches(os.environ["T5NB_TEST_BATCHES_OUT"])
-if save_delay := float(os.environ.get("T5NB_TEST_SAVE_DELAY", "0")):
-    write = runs._write
-
-    def slow_write(directory, files):
-        time.sleep(save_delay)
-        write(directory, files)
-
-    runs._write = slow_write
+if point := os.environ.get("T5NB_TEST_KILL_AT"):
+    kill_points.arm(point, os.environ["T5NB_TEST_KILL_MARKER"])
 status = cli.main(sys.argv[1:])
 sys.stdout.flush()
 sys.stderr.flush()
