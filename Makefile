@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --no-deps --no-cache-dir
 # Identical programs (a test's worker processes, a notebook's two fine-tunings) compile once.
 export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
+# every compiled program, not only those over JAX's default of 1 s: the tests' and notebooks'
+# processes compile the same small programs again and again
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 
 .PHONY: setup setup-test course test bench clean
 

@@ -23,7 +23,7 @@ def start(tmp_path, model_dir, name, *extra, devices=1, delay=0.0, kill_at=None,
     """`t5nb train` of the small course recipe (with `changes`) into `model_dir`, in its own
     process; with `kill_at`, it waits at that point (kill_points) once `tmp_path/<name>.reached` exists."""
     env = {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
-           "JAX_COMPILATION_CACHE_DIR": str(tmp_path.parent / "jax_cache"), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           "JAX_COMPILATION_CACHE_DIR": str(tmp_path.parent / "jax_cache"),
            "T5NB_TEST_BATCHES_OUT": str(tmp_path / f"{name}.batches"), "T5NB_TEST_BATCH_DELAY": str(delay),
            **({"T5NB_TEST_KILL_AT": kill_at, "T5NB_TEST_KILL_MARKER": str(tmp_path / f"{name}.reached")}
               if kill_at else {})}

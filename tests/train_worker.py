@@ -1,4 +1,4 @@
-"""A training run in its own process, for the multi-device and multi-process tests.
+"""A training run in its own process, for the multi-device test (8 simulated devices).
 
 Trains the tiny model on a deterministic synthetic copy task, once per mesh in --meshes, and
 writes the final parameters to `<out>.<mesh>.npz`.
@@ -14,24 +14,15 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--meshes", default="1x1", help="comma-separated DATAxMODEL mesh shapes")
-parser.add_argument("--coordinator", default=None)
-parser.add_argument("--num-processes", type=int, default=None)
-parser.add_argument("--process-id", type=int, default=None)
 args = parser.parse_args()
 
 import jax  # noqa: E402
-from jax.experimental import multihost_utils  # noqa: E402
-
-if args.coordinator:
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
 
 from t5nb import mesh as mesh_lib  # noqa: E402
 from t5nb.config import get_config  # noqa: E402
 from t5nb.model import shift_right  # noqa: E402
 from t5nb.train import train  # noqa: E402
 from t5nb.trainer import TrainConfig, Trainer  # noqa: E402
-
-mesh_lib.initialize_distributed(args.coordinator, args.num_processes, args.process_id)
 
 
 class CopyTask:
@@ -46,10 +37,8 @@ class CopyTask:
         x[:, -3:] = 0  # some padding
         t = x[:, ::-1].copy()
         d = np.asarray(shift_right(t))
-        batch = {"encoder_input_tokens": x, "decoder_target_tokens": t, "decoder_input_tokens": d}
         self.n += 1
-        rows = self.global_batch // jax.process_count()  # this process's share
-        return {k: v[jax.process_index() * rows:(jax.process_index() + 1) * rows] for k, v in batch.items()}
+        return {"encoder_input_tokens": x, "decoder_target_tokens": t, "decoder_input_tokens": d}
 
 
 for shape in args.meshes.split(","):
@@ -58,11 +47,9 @@ for shape in args.meshes.split(","):
     trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=128, dropout_rate=0.1),
                       TrainConfig(learning_rate=1e-2), mesh)
     result = train(trainer, CopyTask(), args.steps, f"{args.out}.{shape}.run", checkpoint_every=0, progress=False)
-    params = multihost_utils.process_allgather(result.state.params, tiled=True)
-    if jax.process_index() == 0:
-        flat = {"/".join(str(k.key) for k in path): np.asarray(v)
-                for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
-        np.savez(f"{args.out}.{shape}.npz", **flat)
-        print(json.dumps({"mesh": dict(mesh.shape), "loss": result.history[-1]["loss"]}))
+    flat = {"/".join(str(k.key) for k in path): np.asarray(v)
+            for path, v in jax.tree_util.tree_flatten_with_path(result.state.params)[0]}
+    np.savez(f"{args.out}.{shape}.npz", **flat)
+    print(json.dumps({"mesh": dict(mesh.shape), "loss": result.history[-1]["loss"]}))
 sys.stdout.flush()
 os._exit(0)  # skip the slow interpreter teardown of TF and orbax threads
