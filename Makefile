@@ -2,7 +2,7 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
-PIP := $(PY) -m pip install -q --no-deps --no-cache-dir
+PIP := $(PY) -m pip install -q --no-deps --no-cache-dir --no-compile
 # Identical programs (a test's worker processes, a notebook's two fine-tunings) compile once.
 export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
 # every compiled program, not only those over JAX's default of 1 s: the tests' and notebooks'
