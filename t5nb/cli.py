@@ -11,6 +11,7 @@ shows the traceback instead. Any other exception is a bug and shows its tracebac
 import argparse
 import importlib
 import importlib.util
+import logging
 import math
 import os
 import pathlib
@@ -20,9 +21,10 @@ import warnings
 import t5nb
 from t5nb.host import tune_host
 
-# what a person causes by what they give t5nb; t5nb's own errors (TaskNameError, TaskDataError,
-# CheckpointError) are ValueErrors
-EXPECTED_ERRORS = (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError, FloatingPointError)
+# what a person causes by what they give t5nb (t5nb's own errors, TaskNameError, TaskDataError,
+# CheckpointError, are ValueErrors), and what the machine does to a run: a full disk, a file it
+# may not write (OSError; checkpoints.SaveFailed says which checkpoint and what is kept)
+EXPECTED_ERRORS = (ValueError, OSError, FloatingPointError)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -266,6 +268,15 @@ def run(args) -> int:
     return 0
 
 
+def _without_closed_event_loops(unraisablehook):
+    def hook(unraisable):
+        value = unraisable.exc_value
+        if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+            unraisablehook(unraisable)
+
+    return hook
+
+
 def main(argv=None) -> int:
     tune_host()  # first, before JAX starts its threads (see t5nb.host)
     try:
@@ -276,6 +287,10 @@ def main(argv=None) -> int:
     prog = f"t5nb {args.command}"
     if args.debug or os.environ.get("T5NB_DEBUG", "") not in ("", "0"):
         return run(args)
+    # orbax logs a failed save's traceback from its threads, and its event loops, closed by then,
+    # print one for each write still pending: checkpoints.SaveFailed says what happened, in a line
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
+    sys.unraisablehook = _without_closed_event_loops(sys.unraisablehook)
     with warnings.catch_warnings():
         warnings.showwarning = lambda message, *_: print(f"{prog}: warning: {message}", file=sys.stderr)
         try:

@@ -29,7 +29,7 @@ from t5nb.checkpoints import checkpoint_config, checkpoint_steps, model_dir_kind
 from t5nb.decode import Predictor
 from t5nb.files import write_atomically
 from t5nb.event_logs import logged_steps
-from t5nb.tasks import as_text, check_vocabulary, get_task
+from t5nb.tasks import as_text, check_vocabulary, get_task, warn_if_cut
 from t5nb.restore import load_model
 from t5nb.tasks.custom import TaskDataError, read_rows, require_text
 
@@ -42,6 +42,11 @@ def check_split(task, split: str) -> None:
     task = get_task(task)
     if split not in task.splits:
         raise ValueError(f"task {task.name!r} has no split {split!r}; its splits: {', '.join(task.splits)}")
+
+
+# what raises each length of an evaluation, for the warning when examples are cut
+EVAL_LENGTHS = {"inputs": "feature_lengths['inputs'] (`t5nb eval --inputs-length`)",
+                "targets": "feature_lengths['targets'] (`t5nb eval --targets-length`)"}
 
 
 def task_examples(task, feature_lengths: dict, split: str = "validation",
@@ -128,10 +133,13 @@ def _predict(predictor: Predictor, examples: list) -> tuple[list[str], np.ndarra
     return predictor.detokenize(sequences), scores
 
 
-def _decode_and_score(task, predictor: Predictor, examples: list, model_dir, step: int) -> dict:
-    """`infer_eval` of one task: decode, score, write the predictions JSONL, log the metrics."""
+def _decode_and_score(task, predictor: Predictor, examples: list, model_dir, step: int, targets_cut: int) -> dict:
+    """`infer_eval` of one task: decode, score, write the predictions JSONL, log the metrics,
+    with `targets_cut_percent` beside them when some targets were cut (it caps exact match)."""
     texts, scores = _predict(predictor, examples)
     targets, predictions, metrics = compute_metrics(task, examples, texts, scores)
+    if targets_cut:
+        metrics["targets_cut_percent"] = 100 * targets_cut / len(examples)
     if jax.process_index() == 0:
         out = pathlib.Path(model_dir) / "inference_eval"
         out.mkdir(parents=True, exist_ok=True)
@@ -194,7 +202,8 @@ def infer_eval(model, task, model_dir, *, step: int, feature_lengths: dict, batc
                         max_decode_length=feature_lengths["targets"], method=method, mesh=mesh, **options),
          task_examples(sub, feature_lengths, split, max_examples))
         for sub in (task.tasks if isinstance(task, seqio.Mixture) else [task])]
-    metrics = {sub.name: _decode_and_score(sub, predictor, examples, model_dir, step)
+    metrics = {sub.name: _decode_and_score(sub, predictor, examples, model_dir, step, warn_if_cut(
+                   sub, split, feature_lengths, EVAL_LENGTHS, max_examples).get("targets", 0))
                for sub, predictor, examples in evaluations}
     if not isinstance(task, seqio.Mixture):
         return metrics[task.name]

@@ -350,6 +350,9 @@ def run_recipe(recipe: Recipe, *, on_log=None, progress: bool = True, trainer: T
         if recipe.run.init_checkpoint and not (resuming and not adapters.has_adapters(config)):
             params = initial_params(recipe.run.init_checkpoint, config, trainer.mesh)
         data = recipe.data
+        if jax.process_index() == 0:
+            tasks.warn_if_cut(data.task, "train", feature_lengths(recipe),
+                              {"inputs": "data.inputs_length", "targets": "data.targets_length"})
         batches = tasks.BatchIterator(data.task, feature_lengths(recipe), data.batch_size, pack=data.pack, seed=data.seed)
         if jax.process_index() == 0:
             model_dir.mkdir(parents=True, exist_ok=True)

@@ -6,7 +6,12 @@ so the test sends its SIGKILL at exactly that moment.
   `files.write_atomically` renames when complete);
 - `save`: inside this process's first checkpoint write, while orbax's temporary folder exists;
 - `after a save`: at the first log after one of this process's checkpoints is on disk;
-- `validation`: the validation's metrics computed, not yet written."""
+- `validation`: the validation's metrics computed, not yet written.
+
+One more fault, without a kill: `no space`, every checkpoint write after the process's first
+fails as on a full disk (ENOSPC from the write), for machines where the test cannot mount a
+small filesystem."""
+import errno
 import os
 import pathlib
 import time
@@ -34,6 +39,16 @@ def arm(point: str, marker) -> None:
         pathlib.Path.write_bytes = half_written
     elif point == "save":
         runs._write = lambda directory, files: _reached(marker)
+    elif point == "no space":
+        write, writes = runs._write, []
+
+        def full(directory, files):
+            writes.append(directory)
+            if len(writes) > 1:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory))
+            write(directory, files)
+
+        runs._write = full
     elif point == "after a save":
         save, log = train.Saving.__call__, train.MetricsLog.__call__
         saved = []

@@ -106,6 +106,26 @@ def test_infer_eval_writes_and_scores_each_task(model, tmp_path):
     assert sample(model) == metrics and sample(model) == metrics  # sample read once, decoded at each call
 
 
+def test_infer_eval_warns_of_cut_targets_and_flags_them_beside_the_score(model, tmp_path):
+    lengths = {"inputs": 12, "targets": 1}  # every answer is one piece and EOS; some questions are 13 or 14
+    untrimmed = tasks.token_lengths(tasks.QA, "validation", None, 8)
+    cut = int((untrimmed["inputs"] > 12).sum())
+    assert 0 < cut < 8 and (untrimmed["targets"] == 2).all()
+    with pytest.warns(UserWarning) as caught:
+        metrics = evaluate.infer_eval(model, tasks.QA, tmp_path, step=1, feature_lengths=lengths, batch_size=4,
+                                      max_examples=8)
+    said = sorted(str(w.message) for w in caught if "are cut to it" in str(w.message))
+    assert said == [f"task '{tasks.QA}', split 'validation': {cut} of the first 8 examples have inputs longer than 12 "
+                    f"tokens (the longest has {untrimmed['inputs'].max()}, with EOS) and are cut to it; "
+                    "feature_lengths['inputs'] (`t5nb eval --inputs-length`) raises the length",
+                    f"task '{tasks.QA}', split 'validation': 8 of the first 8 examples have targets longer than 1 "
+                    "tokens (the longest has 2, with EOS) and are cut to it; feature_lengths['targets'] "
+                    "(`t5nb eval --targets-length`) raises the length"]
+    assert metrics["targets_cut_percent"] == 100.0  # no answer can be matched exactly
+    table = evaluate.results_table(tmp_path, kinds=("inference_eval",), csv=False)
+    assert table.loc[1, f"inference_eval/{tasks.QA}/targets_cut_percent"] == 100.0
+
+
 def test_predictor_applies_the_shared_prefix(model):
     predictor = decode.Predictor(model, MIXTURE, **PREDICTOR)
     assert predictor.prefix == QA_PREFIX

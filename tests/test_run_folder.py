@@ -5,6 +5,7 @@ import errno
 import os
 import signal
 import socket
+import subprocess
 import time
 
 import numpy as np
@@ -113,6 +114,46 @@ def test_a_run_killed_at_every_point_ends_as_an_uninterrupted_one(tmp_path, stra
     assert_same_params(expected, final_params(model_dir))
     if kind == "lora":
         assert any(np.any(expected[name]) for name in expected if name.endswith("lora_b"))  # the adapters trained
+
+
+def _mount_small_filesystem(path, megabytes: int) -> str | None:
+    """A tmpfs of `megabytes` at `path`: None when mounted, else why not."""
+    path.mkdir()
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(path)],
+                            capture_output=True, text=True)
+    return None if result.returncode == 0 else " ".join((result.stderr or f"mount exited {result.returncode}").split())
+
+
+@pytest.mark.parametrize("disk", ["small filesystem", "ENOSPC"])
+def test_a_full_disk_during_a_save_is_said_in_one_line_and_the_same_command_resumes(tmp_path, straight, disk):
+    """On a 6 MB filesystem (where this machine lets the test mount one), and with every write of
+    a checkpoint after the first failing with ENOSPC: the run stops with one error line that
+    names the step, the folder, the space needed and free, and the step kept, no traceback; once
+    there is room, the same command resumes from that step and ends as an uninterrupted run."""
+    folder = tmp_path / "disk"
+    if disk == "small filesystem":
+        if why := _mount_small_filesystem(folder, 6):
+            pytest.skip(f"no small filesystem to fill: {why}")
+    try:
+        model_dir = folder / "run"
+        process = start(tmp_path, model_dir, "full", devices=2, kill_at="no space" if disk == "ENOSPC" else None)
+        output = process.communicate(timeout=600)[0]
+        errors = [line for line in output.splitlines() if "error" in line.lower()]
+        assert process.returncode == 1 and len(errors) == 1 and "Traceback" not in output, output[-3000:]
+        assert errors[0].startswith("t5nb train: error: checkpoint step 8 could not be written to "
+                                    f"{model_dir.resolve() / 'checkpoints'}: "), errors[0]
+        assert "No space left on device" in errors[0] and "MB free" in errors[0] and "needs about" in errors[0]
+        assert errors[0].endswith("Step 4 is kept there: run the same command again, once there is room, to resume "
+                                  "from it.")
+        assert checkpoints.checkpoint_steps(model_dir) == [4]
+        if disk == "small filesystem":
+            subprocess.run(["mount", "-o", "remount,size=64m", str(folder)], check=True)  # room made
+        output = finish(start(tmp_path, model_dir, "resumed", devices=2))
+        assert "removed, an unfinished checkpoint" in output
+        assert_same_params(straight[0], final_params(model_dir))
+    finally:
+        if disk == "small filesystem":
+            subprocess.run(["umount", "-l", str(folder)], check=False)
 
 
 def test_two_processes_through_the_command_equal_one(tmp_path, straight):

@@ -57,6 +57,35 @@ def test_a_damaged_pipeline_checkpoint_falls_back_to_replaying(tmp_path):
     assert _same(_take(restored, 1), expected)
 
 
+def test_a_position_in_a_data_file_that_changed_since_is_refused(tmp_path):
+    """A task read from a file, registered again (a new process) after the file changed: the saved
+    position would fall on other examples, so resuming is refused, saying why; the same file
+    resumes. A position saved before examples were hashed still resumes."""
+    import seqio
+
+    path = tmp_path / "qa.tsv"
+
+    def register(rows):
+        path.write_text("q\ta\n" + "".join(f"question {i}?\t{i}\n" for i in rows))
+        seqio.TaskRegistry.remove("changing_qa")
+        return tasks.register_task("changing_qa", path, fields={"inputs": "q", "targets": "a"}, vocabulary="byte")
+
+    register(range(20))
+    iterator = tasks.BatchIterator("changing_qa", LENGTHS, 4)
+    _take(iterator, 2)
+    state = iterator.state()
+    expected = _take(iterator, 1)
+    register(range(20))
+    assert _same(_take(tasks.BatchIterator.from_state(state), 1), expected)
+    register([*range(19), 99])
+    with pytest.raises(ValueError, match=r"task 'changing_qa' holds other examples than when this checkpoint was saved "
+                                         r"\(its data file changed\): resuming would read other examples from batch 2 on"):
+        tasks.BatchIterator.from_state(state)
+    older = {k: v for k, v in state.items() if k != "examples_digest"}
+    assert tasks.BatchIterator.from_state(older).state()["batches"] == 2
+    seqio.TaskRegistry.remove("changing_qa")
+
+
 def test_a_position_from_other_settings_is_refused():
     state = tasks.BatchIterator("facts_qa", LENGTHS, 4, seed=1).state()
     with pytest.raises(ValueError, match=r"seed 1 in the checkpoint, 2 here"):

@@ -34,6 +34,23 @@ def test_tsv_task_with_split_ratio_prefix_and_metric(tmp_path):
     assert report["inputs"]["p50"] == 26 and report["inputs"]["truncated"] == 1.0  # "sum: what is NN plus one?" + EOS
 
 
+def test_examples_longer_than_their_length_are_counted_once_in_a_warning(tmp_path, recwarn):
+    rows = "".join(f"{'a long question ' * 5 if i % 4 == 0 else 'short?'}\t{i}\n" for i in range(20))
+    register_task("custom_long", _write(tmp_path, "long.tsv", "q\ta\n" + rows), fields={"inputs": "q", "targets": "a"},
+                  vocabulary="byte")
+    options = {"inputs": "data.inputs_length", "targets": "data.targets_length"}
+    with pytest.warns(UserWarning) as caught:
+        cut = tasks.warn_if_cut("custom_long", "train", {"inputs": 32, "targets": 8}, options, max_examples=None)
+    assert cut == {"inputs": 5} and len(caught) == 1  # rows 0, 4, ..., 16: 80 bytes + EOS
+    assert str(caught[0].message) == ("task 'custom_long', split 'train': 5 of the 20 examples have inputs longer than "
+                                      "32 tokens (the longest has 81, with EOS) and are cut to it; data.inputs_length "
+                                      "raises the length")
+    recwarn.clear()
+    assert tasks.warn_if_cut("custom_long", "train", {"inputs": 81, "targets": 8}, options) == {}
+    assert tasks.warn_if_cut(tasks.SPAN_CORRUPTION, "train", {"inputs": 8, "targets": 4}, options) == {}
+    assert not recwarn.list
+
+
 def test_csv_split_files_and_jsonl_aliases(tmp_path):
     train = _write(tmp_path, "train.csv", 'q,a\n"Paris, France?",yes\nRome?,no\n')
     validation = _write(tmp_path, "validation.csv", "q,a\nOslo?,yes\n")

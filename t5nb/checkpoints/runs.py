@@ -98,8 +98,24 @@ class PipelineRestore(ocp.args.CheckpointArgs):
     data_state: dict
 
 
+def _checkpoint_bytes(model_dir, state) -> int:
+    """What one checkpoint of this run takes: its newest on disk, all files counted (the input
+    pipeline's too), or before there is one, the bytes of `state` (arrays or their shapes)."""
+    steps = checkpoint_steps(model_dir)
+    if steps:
+        return sum(path.stat().st_size for path in (pathlib.Path(model_dir) / "checkpoints" / str(steps[-1])).rglob("*")
+                   if path.is_file())
+    return sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(state))
+
+
+class SaveFailed(OSError):
+    """A checkpoint could not be written (a full disk, mostly): which step, where, the space it
+    needs and has, the last step kept, and that the same command resumes from it."""
+
+
 class RunCheckpoints:
-    """The orbax checkpoints of one run; keeps the last `keep`."""
+    """The orbax checkpoints of one run; keeps the last `keep`. A save that fails, now or while
+    it completes in the background, raises `SaveFailed` (the cause chained to it)."""
 
     def __init__(self, directory, keep: int = 3):
         if keep < 1:
@@ -107,6 +123,7 @@ class RunCheckpoints:
         self.directory = pathlib.Path(directory).resolve()
         self.manager = ocp.CheckpointManager(
             self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+        self._in_flight = None  # (step, bytes) of the save that may still be writing
 
     def latest_step(self) -> int | None:
         return self.manager.latest_step()
@@ -120,7 +137,12 @@ class RunCheckpoints:
                  "data": ocp.args.JsonSave(batches.state() if hasattr(batches, "state") else {})}
         if hasattr(batches, "save_pipeline"):
             items["pipeline"] = PipelineSave(batches)
-        self.manager.save(int(jax.device_get(state.step)), args=ocp.args.Composite(**items))
+        self.wait()  # the save before (orbax waits for it anyway): its failure is its own
+        self._in_flight = (int(jax.device_get(state.step)), _checkpoint_bytes(self.directory.parent, state))
+        try:
+            self.manager.save(self._in_flight[0], args=ocp.args.Composite(**items))
+        except Exception as error:  # whatever orbax or the filesystem raise: this step is not saved
+            raise self._failed(error) from error
 
     def restore(self, abstract, step: int | None = None, batches=None):
         """The state of `step` (default: latest), laid out as `abstract`
@@ -152,7 +174,27 @@ class RunCheckpoints:
         return None
 
     def wait(self) -> None:
-        self.manager.wait_until_finished()
+        """Until the save in flight is on disk."""
+        if self._in_flight is None:
+            return
+        try:
+            self.manager.wait_until_finished()
+        except Exception as error:
+            raise self._failed(error) from error
+        self._in_flight = None
+
+    def _failed(self, error: Exception) -> SaveFailed:
+        step, size = self._in_flight
+        self._in_flight = None
+        free = shutil.disk_usage(self.directory).free
+        kept = checkpoint_steps(self.directory.parent)
+        reason = " ".join(str(error).split())
+        return SaveFailed(
+            f"checkpoint step {step} could not be written to {self.directory}: {reason[:300] or type(error).__name__} "
+            f"(it needs about {size / 2**20:,.1f} MB; {free / 2**20:,.1f} MB free"
+            f"{', not enough space' if free < size else ''}). "
+            + (f"Step {kept[-1]} is kept there: run the same command again, once there is room, to resume from it."
+               if kept else "No step of this run is kept: the same command starts it again, once there is room."))
 
 
 def resume_step(model_dir) -> int | None:
@@ -174,9 +216,10 @@ def resume_step(model_dir) -> int | None:
 
 def warn_if_short_of_space(model_dir, abstract_state, keep: int) -> None:
     """Warn, before the first step, when the filesystem of `model_dir` cannot hold `keep` + 1
-    checkpoints of `abstract_state` (orbax writes the next one before it removes the oldest),
-    naming both figures and the two ways out."""
-    size = sum(math.prod(leaf.shape) * np.dtype(leaf.dtype).itemsize for leaf in jax.tree.leaves(abstract_state))
+    checkpoints (orbax writes the next one before it removes the oldest; each as big as the
+    run's newest on disk, or the bytes of `abstract_state`), naming both figures and the two
+    ways out."""
+    size = _checkpoint_bytes(model_dir, abstract_state)
     free, needed = shutil.disk_usage(model_dir).free, (keep + 1) * size
     if free < needed:
         warnings.warn(f"{model_dir}: {free / 2**20:,.0f} MB free, but this run's checkpoints need about "

@@ -10,7 +10,8 @@ Importing registers the facts tasks and the real tasks (idempotently):
 from t5nb import _tensorflow  # noqa: F401, I001  (first: TensorFlow for tf.data only, accelerators hidden)
 from t5nb.tasks.batching import (BatchIterator, Preview, Previews, as_text, get_dataset, preview,
                                  validation_batches)
-from t5nb.tasks.custom import TaskDataError, describe, read_examples, read_rows, register_task, token_lengths
+from t5nb.tasks.custom import (TaskDataError, describe, read_examples, read_rows, register_task, token_lengths,
+                               warn_if_cut)
 from t5nb.tasks.offline import FACT_CHECK, QA, SLOT_FILLING, SPAN_CORRUPTION, register_facts_tasks
 from t5nb.tasks.real import register_nq_open_jsonl, register_real_tasks, register_triviaqa_jsonl
 from t5nb.tasks.pieces import TaskNameError, check_vocabulary, first_examples, get_task
@@ -28,5 +29,5 @@ __all__ = [
     "first_examples", "get_dataset", "get_task",
     "get_vocabulary", "preview", "read_examples", "read_rows", "register_facts_tasks", "register_nq_open_jsonl",
     "register_real_tasks", "register_task", "register_triviaqa_jsonl", "shared_data_dir", "token_lengths",
-    "validation_batches",
+    "validation_batches", "warn_if_cut",
 ]

@@ -56,6 +56,14 @@ def validation_batches(task, feature_lengths: dict, batch_size: int, num_batches
     return list(itertools.islice(batches, num_batches))
 
 
+def examples_digest(task) -> str | None:
+    """What a task's examples hash to, when its source knows (tasks read from files, the facts
+    world); a mixture's from its tasks'."""
+    tasks = task.tasks if isinstance(task, seqio.Mixture) else [task]
+    digests = [getattr(t.source, "examples_digest", None) for t in tasks]
+    return None if None in digests else "+".join(digests)
+
+
 class BatchIterator:
     """An endless (or `num_epochs`-long) iterator of numpy batches that can resume.
 
@@ -90,11 +98,13 @@ class BatchIterator:
         self.settings = dict(task=self.task.name, feature_lengths=dict(feature_lengths), batch_size=batch_size,
                              split=split, pack=is_pretraining(self.task) if pack is None else pack,
                              shuffle=shuffle, seed=seed, num_epochs=num_epochs, try_in_mem_cache=try_in_mem_cache)
+        if digest := examples_digest(self.task):
+            self.settings["examples_digest"] = digest
         self._seek(batches)
 
     def _new_iterator(self, skip: int = 0):
         """A fresh pipeline (seqio reshuffles each new iteration of a dataset, so never reuse one)."""
-        dataset = get_dataset(self.task, **{k: v for k, v in self.settings.items() if k != "task"})
+        dataset = get_dataset(self.task, **{k: v for k, v in self.settings.items() if k not in ("task", "examples_digest")})
         index, count = self.process_share
         if count > 1:
             rows = self.settings["batch_size"] // count
@@ -120,7 +130,13 @@ class BatchIterator:
     def _check_settings(self, state: dict) -> None:
         saved = {k: v for k, v in state.items() if k != "batches"}
         mine = json.loads(json.dumps(self.settings))
+        if "examples_digest" in saved.keys() ^ mine.keys():  # a checkpoint from before digests, or a source without
+            saved.pop("examples_digest", None), mine.pop("examples_digest", None)
         changed = sorted(k for k in saved.keys() | mine.keys() if saved.get(k) != mine.get(k))
+        if changed == ["examples_digest"]:
+            raise ValueError(f"task {self.task.name!r} holds other examples than when this checkpoint was saved (its "
+                             f"data file changed): resuming would read other examples from batch {state['batches']} "
+                             "on. Put the file back as it was, or train into a new run folder")
         if changed:
             raise ValueError("the checkpoint's data settings differ from this iterator's: " + ", ".join(
                 f"{k} {saved.get(k)!r} in the checkpoint, {mine.get(k)!r} here" for k in changed))
@@ -152,8 +168,10 @@ class BatchIterator:
     @classmethod
     def from_state(cls, state: dict) -> "BatchIterator":
         """The iterator `state()` was taken from, positioned where it was."""
-        settings = dict(state)
-        return cls(settings.pop("task"), settings.pop("feature_lengths"), settings.pop("batch_size"), **settings)
+        settings = {k: v for k, v in state.items() if k != "examples_digest"}
+        iterator = cls(settings.pop("task"), settings.pop("feature_lengths"), settings.pop("batch_size"), **settings)
+        iterator._check_settings(state)
+        return iterator
 
 
 @dataclasses.dataclass

@@ -7,11 +7,13 @@ Files are read and checked when the task is registered, so a bad row is reported
 naming the file, the row (its line; in a JSON array file, its item) and the field.
 """
 import csv
+import hashlib
 import io
 import json
 import pathlib
 import random
 import re
+import warnings
 
 import numpy as np
 import seqio
@@ -193,7 +195,8 @@ def _split(examples: list, split_ratio: float, seed: int) -> dict:
 
 
 def in_memory_source(examples_by_split: dict) -> seqio.FunctionDataSource:
-    """A seqio source over examples already in memory, one list per split."""
+    """A seqio source over examples already in memory, one list per split; its `examples_digest`
+    tells whether two sources hold the same examples (a data file changed under a run)."""
 
     def dataset_fn(split, shuffle_files, seed=None):
         examples = examples_by_split[split]
@@ -202,10 +205,13 @@ def in_memory_source(examples_by_split: dict) -> seqio.FunctionDataSource:
             columns["answers"] = tf.ragged.constant(columns["answers"])
         return tf.data.Dataset.from_tensor_slices(columns)
 
-    return seqio.FunctionDataSource(
+    source = seqio.FunctionDataSource(
         dataset_fn, splits=list(examples_by_split),
         num_input_examples={split: len(examples) for split, examples in examples_by_split.items()},
     )
+    text = json.dumps(examples_by_split, sort_keys=True, ensure_ascii=False, default=str)
+    source.examples_digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+    return source
 
 
 def register_task(name: str, files, *, fields: dict | None = None, file_format: str | None = None,
@@ -262,6 +268,31 @@ def token_lengths(task, split: str = "train", feature_lengths: dict | None = Non
             if feature in example:
                 lengths[feature].append(len(example[feature]))
     return {feature: np.array(values) for feature, values in lengths.items() if values}
+
+
+def warn_if_cut(task, split: str, feature_lengths: dict, raise_with: dict, max_examples: int | None = 1000) -> dict:
+    """Warn once, naming the task and split, when any of the first `max_examples` examples (all:
+    None) of `split` has a feature longer than its length in `feature_lengths`, which batching
+    and decoding cut: how many of how many, the longest, and the option that raises it
+    (`raise_with`: feature -> e.g. "data.inputs_length"). Returns {feature: examples cut}.
+    Span corruption cuts its text by design: nothing is counted for a pretraining task."""
+    task = get_task(task)
+    if is_pretraining(task):
+        return {}
+    tasks = task.tasks if isinstance(task, seqio.Mixture) else [task]
+    cut = {}
+    for sub in tasks:
+        lengths = token_lengths(sub, split, None, max_examples or 2**62)
+        for feature, values in lengths.items():
+            if feature not in feature_lengths or not (values > feature_lengths[feature]).any():
+                continue
+            count = int((values > feature_lengths[feature]).sum())
+            cut[feature] = cut.get(feature, 0) + count
+            warnings.warn(f"task {sub.name!r}, split {split!r}: {count} of the {'first ' if max_examples else ''}"
+                          f"{len(values)} examples have {feature} longer than {feature_lengths[feature]} tokens (the "
+                          f"longest has {values.max()}, with EOS) and are cut to it; {raise_with[feature]} raises "
+                          "the length", stacklevel=2)
+    return cut
 
 
 def describe(task, split: str = "train", feature_lengths: dict | None = None,
