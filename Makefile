@@ -47,7 +47,7 @@ test: $(VENV)/.test
 	@if [ -f $(STANDINS)/hf/google/t5-v1_1-small/spiece.model ]; then \
 	  (T5NB_PROFILE=rehearsal T5NB_STANDINS=$(STANDINS) T5NB_RUNS_DIR=$(REHEARSAL) \
 	   XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest notebooks --nbval-lax --nbval-current-env \
-	   > $(REHEARSAL_LOG) 2>&1; echo $$? > $(REHEARSAL_LOG).status) & \
+	   --durations=10 > $(REHEARSAL_LOG) 2>&1; echo $$? > $(REHEARSAL_LOG).status) & \
 	else echo "rehearsal skipped: no official T5 vocabulary in T5NB_DATA_DIR ($${T5NB_DATA_DIR:-../shared/data})" \
 	  | tee $(REHEARSAL_LOG); echo 0 > $(REHEARSAL_LOG).status; fi; \
 	T5NB_PROFILE=ci T5NB_RUNS_DIR=$(CURDIR)/runs/test-ci $(PY) -m pytest -n $(WORKERS) \

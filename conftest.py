@@ -1,9 +1,14 @@
 """How `make test` spreads the suite over the machine's cores (pytest-xdist, `-n`): each test
 file runs whole on one worker, so its module fixtures are built once; the notebooks run as one
-unit, in order, on one worker, since each reads the runs the ones before it wrote. The notebooks
-go first: theirs is the longest chain. (A scheduler of our own, since xdist's `loadgroup` marks
+unit, in order, on one worker, since each reads the runs the ones before it wrote. The longest
+units go first. (A scheduler of our own, since xdist's `loadgroup` marks
 no longer reach pytest 9's node ids.)"""
 import pytest
+
+
+# the longest units first (measured: minutes each on 2 cores), so that none is left to run
+# alone at the end while the other worker waits
+FIRST = ("notebooks", "tests/test_run_folder.py", "tests/test_colab_path.py", "tests/test_train.py")
 
 
 def _unit(nodeid: str) -> str:
@@ -12,7 +17,8 @@ def _unit(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: _unit(item.nodeid) != "notebooks")  # stable: each file keeps its order
+    order = {unit: rank for rank, unit in enumerate(FIRST)}
+    items.sort(key=lambda item: order.get(_unit(item.nodeid), len(FIRST)))  # stable: each file keeps its order
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -1,6 +1,7 @@
 """Named moments in a `t5nb train` process where the kill matrix (test_kill_matrix.py) stops it:
 `arm(point, marker)` makes the process write `marker` when it reaches `point` and wait there,
-so the test sends its SIGKILL at exactly that moment.
+so the test sends its signal at exactly that moment (and, for one the run handles, SIGTERM,
+lets it go on by writing `<marker>.go`).
 
 - `recipe.toml`, `config.json`: half of the file's bytes written (into the temporary name
   `files.write_atomically` renames when complete);
@@ -21,8 +22,11 @@ from t5nb.checkpoints import runs
 
 
 def _reached(marker) -> None:
+    """Say so, then wait for the test's kill (or, after a signal the run handles, for `<marker>.go`)."""
     pathlib.Path(marker).write_text(str(os.getpid()))
-    time.sleep(600)  # the test kills the process here
+    go, deadline = pathlib.Path(f"{marker}.go"), time.time() + 600
+    while not go.exists() and time.time() < deadline:
+        time.sleep(0.01)
 
 
 def arm(point: str, marker) -> None:

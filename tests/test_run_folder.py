@@ -13,6 +13,7 @@ import pytest
 
 from t5nb import checkpoints
 from t5nb.checkpoints import runs
+from t5nb.evaluate import results_table
 
 from command_runs import (assert_same_params, batches, final_params, finish, start, straight_run,  # noqa: I001
                           two_processes, wait_for_checkpoint)
@@ -52,14 +53,15 @@ def straight(tmp_path_factory):
 
 
 # Where the kill matrix stops a run, in the order one run meets them (kill_points.py): each
-# killed run is started again with the same command, which is killed at the next point.
+# stopped run is started again with the same command, which is stopped at the next point.
 KILL_POINTS = (
-    "recipe.toml",   # half of the recipe written, before anything else
-    "config.json",   # half of the run's config written
-    "save",          # during the run's first save: no finished step yet
-    "after a save",  # step 4 saved, before the log of step 8
-    "save",          # during a later save (step 8), step 4 on disk
-    "validation",    # the validation of step 8 computed, not yet written
+    ("recipe.toml", signal.SIGKILL),   # half of the recipe written, before anything else
+    ("config.json", signal.SIGKILL),   # half of the run's config written
+    ("save", signal.SIGKILL),          # during the run's first save: no finished step yet
+    ("after a save", signal.SIGKILL),  # step 4 saved, before the log of step 8
+    ("save", signal.SIGKILL),          # during a later save (step 8), step 4 on disk
+    ("validation", signal.SIGKILL),    # the validation of step 8 computed, not yet written
+    ("validation", signal.SIGTERM),    # from step 4 again: stops after step 8, saving it
 )
 KINDS = {  # what the run does, and on how many devices
     "pretraining": ([], 2),
@@ -71,21 +73,24 @@ KINDS = {  # what the run does, and on how many devices
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_run_killed_at_every_point_ends_as_an_uninterrupted_one(tmp_path, straight, kind):
     """The kill matrix: a pretraining (on 2 devices), a full fine-tune and a LoRA fine-tune (both
-    from the pretraining run's checkpoint) are SIGKILLed at each of KILL_POINTS in turn, each time
-    started again with the same command; the last start finishes, and its parameters equal the
-    uninterrupted run's bit for bit. Beside that: a run killed during its first save starts again
-    from its init_checkpoint (never random weights), removing orbax's unfinished folder with a
-    notice; while one is parked there, a second `t5nb train` on the folder is refused at once,
-    naming the holder, and touches nothing; the holder's kill frees the folder."""
+    from the pretraining run's checkpoint) are SIGKILLed at each of KILL_POINTS in turn, then
+    stopped by SIGTERM, each time started again with the same command; the last start finishes,
+    its parameters equal the uninterrupted run's bit for bit and its training curve is the
+    uninterrupted one, without a gap. Beside that: a run killed during its first save starts
+    again from its init_checkpoint (never random weights), removing orbax's unfinished folder
+    with a notice; while one is parked there, a second `t5nb train` on the folder is refused at
+    once, naming the holder, and touches nothing; the holder's kill frees the folder. SIGTERM
+    saves the step it stops at and says so."""
     changes, devices = KINDS[kind]
     if kind == "pretraining":
-        expected = straight[0]
+        expected, expected_dir = straight
     else:
         changes = [f"run.init_checkpoint={straight[1]}", *changes]
-        finish(start(tmp_path, tmp_path / "straight", "straight", changes=changes))
-        expected = final_params(tmp_path / "straight")
+        expected_dir = tmp_path / "straight"
+        finish(start(tmp_path, expected_dir, "straight", changes=changes))
+        expected = final_params(expected_dir)
     model_dir, outputs = tmp_path / "run", []
-    for number, point in enumerate(KILL_POINTS):
+    for number, (point, stop) in enumerate(KILL_POINTS):
         name = f"killed{number}"
         process = start(tmp_path, model_dir, name, devices=devices, kill_at=point, changes=changes)
         deadline = time.time() + 300
@@ -101,17 +106,27 @@ def test_a_run_killed_at_every_point_ends_as_an_uninterrupted_one(tmp_path, stra
             assert second.returncode == 1 and f"{model_dir.resolve()} is in use: " in refusal, refusal[-3000:]
             assert f"process {process.pid} since" in refusal and "Traceback" not in refusal
             assert checkpoints.checkpoint_steps(model_dir) == []
-        process.send_signal(signal.SIGKILL)
-        outputs.append(process.communicate()[0])
+        process.send_signal(stop)
+        if stop == signal.SIGTERM:
+            (tmp_path / f"{name}.reached.go").touch()
+        outputs.append(process.communicate(timeout=300)[0])
+        if stop == signal.SIGTERM:
+            assert process.returncode == 128 + signal.SIGTERM, outputs[-1][-3000:]
+            assert "stopped by SIGTERM at step 8; checkpoint step 8 saved" in outputs[-1], outputs[-1][-3000:]
+            assert checkpoints.checkpoint_steps(model_dir) == [4, 8]
         if point == "save":
             assert list((model_dir / "checkpoints").glob("*.orbax-checkpoint-tmp*")), "not killed during a save"
             assert steps == ([] if number == 2 else [4])
     outputs.append(finish(start(tmp_path, model_dir, "resumed", devices=devices, changes=changes)))
-    for number, point in enumerate(KILL_POINTS):
+    for number, (point, _) in enumerate(KILL_POINTS):
         if point == "save":  # the next start removes what the killed save left, saying so
             assert "removed, an unfinished checkpoint" in outputs[number + 1], outputs[number + 1][-3000:]
     assert f"{model_dir}: step 12" in outputs[-1]
     assert_same_params(expected, final_params(model_dir))
+    curves = [results_table(run, kinds=("train",), csv=False) for run in (expected_dir, model_dir)]
+    assert list(curves[1].index) == list(curves[0].index) == [4, 8, 12]  # no gap; a step logged again keeps its newest
+    for column in ("train/loss", "train/accuracy", "train/learning_rate"):
+        np.testing.assert_array_equal(curves[1][column], curves[0][column], err_msg=column)
     if kind == "lora":
         assert any(np.any(expected[name]) for name in expected if name.endswith("lora_b"))  # the adapters trained
 
@@ -119,24 +134,26 @@ def test_a_run_killed_at_every_point_ends_as_an_uninterrupted_one(tmp_path, stra
 def _mount_small_filesystem(path, megabytes: int) -> str | None:
     """A tmpfs of `megabytes` at `path`: None when mounted, else why not."""
     path.mkdir()
-    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(path)],
-                            capture_output=True, text=True)
+    try:
+        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={megabytes}m", "tmpfs", str(path)],
+                                capture_output=True, text=True)
+    except OSError as error:  # no mount command
+        return str(error)
     return None if result.returncode == 0 else " ".join((result.stderr or f"mount exited {result.returncode}").split())
 
 
-@pytest.mark.parametrize("disk", ["small filesystem", "ENOSPC"])
-def test_a_full_disk_during_a_save_is_said_in_one_line_and_the_same_command_resumes(tmp_path, straight, disk):
-    """On a 6 MB filesystem (where this machine lets the test mount one), and with every write of
-    a checkpoint after the first failing with ENOSPC: the run stops with one error line that
-    names the step, the folder, the space needed and free, and the step kept, no traceback; once
-    there is room, the same command resumes from that step and ends as an uninterrupted run."""
+def test_a_full_disk_during_a_save_is_said_in_one_line_and_the_same_command_resumes(tmp_path, straight):
+    """On a 6 MB filesystem where this machine lets the test mount one (a tiny checkpoint is 3.6
+    MB), otherwise with every write of a checkpoint after the first failing with ENOSPC: the run
+    stops with one error line that names the step, the folder, the space needed and free, and
+    the step kept, no traceback; once there is room, the same command resumes from that step
+    and ends as an uninterrupted run."""
     folder = tmp_path / "disk"
-    if disk == "small filesystem":
-        if why := _mount_small_filesystem(folder, 6):
-            pytest.skip(f"no small filesystem to fill: {why}")
+    why_not = _mount_small_filesystem(folder, 6)
+    disk = "ENOSPC" if why_not else "small filesystem"
     try:
         model_dir = folder / "run"
-        process = start(tmp_path, model_dir, "full", devices=2, kill_at="no space" if disk == "ENOSPC" else None)
+        process = start(tmp_path, model_dir, "full", devices=2, kill_at="no space" if why_not else None)
         output = process.communicate(timeout=600)[0]
         errors = [line for line in output.splitlines() if "error" in line.lower()]
         assert process.returncode == 1 and len(errors) == 1 and "Traceback" not in output, output[-3000:]

@@ -2,10 +2,8 @@
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -275,84 +273,3 @@ def test_init_state_copies_params_so_donation_leaves_the_callers_arrays_alive():
     params = trainer.init_params()
     state, _ = trainer.train_step(trainer.init_state(params), trainer.shard_batch(copy_batch()))
     assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(params))  # not deleted by donation
-
-
-PRETRAIN_WORKER = pathlib.Path(__file__).with_name("pretrain_worker.py")
-
-
-def start_pretraining(tmp_path, runs, out, steps, delay=0.0):
-    env = {"JAX_COMPILATION_CACHE_DIR": str(tmp_path.parent / "jax_cache"), **os.environ, "T5NB_PROFILE": "ci",
-           "T5NB_RUNS_DIR": str(runs), "T5NB_TEST_BATCH_DELAY": str(delay)}
-    return subprocess.Popen([sys.executable, str(PRETRAIN_WORKER), str(steps), str(out)], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def logged_batches(out):
-    lines = pathlib.Path(out).read_text().splitlines() if pathlib.Path(out).exists() else []
-    return [(int(position), digest) for position, digest in (line.split() for line in lines)]
-
-
-def wait_until(process, condition, what):
-    deadline = time.time() + 300
-    while not condition():
-        if process.poll() is not None or time.time() > deadline:
-            process.kill()
-            pytest.fail(f"never saw {what}: {process.communicate()[0][-3000:]}")
-        time.sleep(0.002)
-
-
-def test_pretraining_killed_and_resumed_is_bit_identical_to_a_straight_run(tmp_path):
-    """The course's real pretraining (ci profile, seqio tasks, checkpoints every 5 steps),
-    interrupted by SIGKILL during a save, SIGKILL between saves and SIGTERM, then resumed each
-    time: the same batches at every position, the same parameters bit for bit, and a training
-    curve without a gap."""
-    from t5nb.evaluate import results_table
-
-    steps = 40
-    straight = start_pretraining(tmp_path, tmp_path / "straight", tmp_path / "straight.log", steps)
-    assert straight.wait(timeout=600) == 0, straight.communicate()[0][-3000:]
-    expected = dict(logged_batches(tmp_path / "straight.log"))
-    assert sorted(expected) == list(range(1, steps + 1))
-
-    runs, log = tmp_path / "interrupted", tmp_path / "interrupted.log"
-    checkpoints = runs / "ci" / "pretraining" / "checkpoints"
-
-    def saving():
-        return checkpoints.is_dir() and any("tmp" in path.name for path in checkpoints.iterdir())
-
-    def reached(position):
-        return lambda: any(p >= position for p, _ in logged_batches(log))
-
-    process = start_pretraining(tmp_path, runs, log, steps, delay=0.1)
-    wait_until(process, saving, "a checkpoint being written")
-    process.send_signal(signal.SIGKILL)  # 1: during a save
-    process.wait()
-    for signal_number, position in ((signal.SIGKILL, 13), (signal.SIGTERM, 22)):  # 2: between saves, 3: SIGTERM
-        process = start_pretraining(tmp_path, runs, log, steps, delay=0.1)
-        wait_until(process, reached(position), f"batch {position}")
-        process.send_signal(signal_number)
-        output = process.communicate(timeout=300)[0]
-    assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
-    stopped_at = logged_batches(log)[-1][0]
-    assert f"stopped by SIGTERM at step {stopped_at}; checkpoint step {stopped_at} saved" in output
-    assert (checkpoints / str(stopped_at)).is_dir()
-    process = start_pretraining(tmp_path, runs, log, steps)
-    assert process.wait(timeout=600) == 0, process.communicate()[0][-3000:]
-
-    seen = logged_batches(log)
-    assert {position for position, _ in seen} == set(expected)  # no position skipped
-    assert [digest for _, digest in seen] == [expected[position] for position, _ in seen]
-    assert len(seen) > steps  # some batches were seen twice: the kills really interrupted work
-    straight_params, resumed_params = load(tmp_path / "straight.log.npz"), load(log.with_suffix(".log.npz"))
-    assert straight_params.keys() == resumed_params.keys()
-    for name in straight_params:
-        assert np.array_equal(straight_params[name], resumed_params[name]), name
-
-    curves = [results_table(run / "ci" / "pretraining", kinds=("train",), csv=False)
-              for run in (tmp_path / "straight", runs)]
-    assert set(curves[0].index) <= set(curves[1].index)  # no gap; steps logged twice keep the newest
-    np.testing.assert_array_equal(curves[1].loc[curves[0].index, "train/learning_rate"],
-                                  curves[0]["train/learning_rate"])
-    windows_after_sigterm = [s for s in curves[0].index if s > stopped_at][:1]  # averaged over a split window
-    same_window = [s for s in curves[0].index if s not in windows_after_sigterm]
-    np.testing.assert_array_equal(curves[1].loc[same_window, "train/loss"], curves[0].loc[same_window, "train/loss"])
