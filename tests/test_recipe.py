@@ -7,9 +7,11 @@ import pytest
 import seqio
 
 import t5nb
+import t5nb.tasks as tasks
 from t5nb import cli, workflow
 from t5nb.paths import REPO_ROOT
 from t5nb.recipe import Recipe, RecipeError, load_recipe, make_trainer
+from t5nb.train import run_recipe
 
 from command_runs import COURSE  # noqa: I001
 
@@ -99,6 +101,21 @@ def test_the_t5x_standard_recipes_resolve_to_their_models(path):
     assert recipe.data.task in seqio.TaskRegistry.names() | seqio.MixtureRegistry.names()
     trainer = make_trainer(recipe)  # abstract: builds shapes and shardings, allocates nothing
     assert trainer.model_config == config
+
+
+def test_training_says_once_how_many_examples_its_lengths_cut(tmp_path):
+    recipe = load_recipe(RECIPES / "course" / "closed_book_qa.toml").with_overrides(
+        ["run.init_checkpoint=none", "model.preset=t5.1.1-tiny", "model.vocab_size=1124", f"run.model_dir={tmp_path}",
+         "run.steps=1", "run.checkpoint_every=0", "run.eval_every=0", "data.batch_size=2", "data.inputs_length=12"])
+    lengths = tasks.token_lengths("facts_qa", "train", None, 1000)["inputs"]
+    cut = int((lengths > 12).sum())
+    assert 0 < cut < len(lengths)
+    with pytest.warns(UserWarning) as caught:
+        run_recipe(recipe, progress=False)
+    said = [str(w.message) for w in caught if "are cut to it" in str(w.message)]
+    assert said == [f"task 'facts_qa', split 'train': {cut} of the first {len(lengths)} examples have inputs longer than "
+                    f"12 tokens (the longest has {lengths.max()}, with EOS) and are cut to it; data.inputs_length raises "
+                    "the length"]
 
 
 def test_dry_run_prints_the_resolved_recipe(capsys):
