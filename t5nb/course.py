@@ -3,10 +3,12 @@ import json
 import os
 import pathlib
 import shutil
+import tempfile
 import time
 
 import nbclient
 import nbformat
+from jupyter_client.manager import KernelManager
 from tqdm.auto import tqdm
 
 from t5nb.files import write_atomically
@@ -35,15 +37,17 @@ def notebook_log(nb) -> str:
 def run_notebook(path: pathlib.Path, out_dir: pathlib.Path, timeout: int = 3600) -> dict:
     """Execute one notebook; write `<out_dir>/<name>.ipynb` and `.log` even when it fails."""
     nb = nbformat.read(path, as_version=4)
-    client = nbclient.NotebookClient(
-        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
-    )
     start = time.perf_counter()
     error = None
-    try:
-        client.execute()
-    except nbclient.exceptions.CellExecutionError as exc:
-        error = str(exc).strip().splitlines()[-1]
+    with tempfile.TemporaryDirectory(prefix="t5nb-kernel-") as sockets:
+        # local sockets: over TCP (the default) every kernel warns that its traffic is unencrypted
+        kernel = KernelManager(kernel_name="python3", transport="ipc", ip=str(pathlib.Path(sockets) / "kernel"))
+        client = nbclient.NotebookClient(nb, km=kernel, timeout=timeout,
+                                         resources={"metadata": {"path": str(path.parent)}})
+        try:
+            client.execute()
+        except nbclient.exceptions.CellExecutionError as exc:
+            error = str(exc).strip().splitlines()[-1]
     wall_s = time.perf_counter() - start
     nbformat.write(nb, out_dir / path.name)
     (out_dir / path.with_suffix(".log").name).write_text(notebook_log(nb))

@@ -59,7 +59,7 @@ def test_a_changed_output_fails_nbval(tmp_path):
     assert "1 failed" in result.stdout and "60.6 M" in result.stdout and "60.5 M" in result.stdout
 
 
-def test_run_course_writes_notebook_log_and_results_even_on_failure(tmp_path):
+def test_run_course_writes_notebook_log_and_results_even_on_failure(tmp_path, capfd):
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_code_cell("print('hello from the kernel')"),
         nbformat.v4.new_code_cell("raise RuntimeError('boom')"),
@@ -71,6 +71,8 @@ def test_run_course_writes_notebook_log_and_results_even_on_failure(tmp_path):
     assert "hello from the kernel" in (tmp_path / "runs" / "00_demo.log").read_text()
     assert json.loads((tmp_path / "runs" / "results.json").read_text()) == results
     assert (tmp_path / "runs" / "00_demo.ipynb").exists()
+    printed = capfd.readouterr()
+    assert "WARNING" not in printed.out + printed.err, printed  # the kernel starts quietly (no unencrypted-TCP warning)
 
 
 def test_every_notebook_has_exercises_with_a_hidden_solution_and_a_check():
