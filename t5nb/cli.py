@@ -176,19 +176,21 @@ def import_task_module(module: str) -> None:
 
 
 def register_command_line_tasks(args) -> None:
-    """Import every --task-module, then register the --task-file's task, named by the last --task."""
+    """Import every --task-module, register the --task-file's task (named by the last --task),
+    then, if a --task names it, the task the run trained on from its recipe's data files."""
+    from t5nb.recipe import register_run_task  # the command loads JAX and TensorFlow only for the handler it runs
+    from t5nb.tasks import register_task
+
     for module in args.task_module or ():
         import_task_module(module)
-    if not args.task_file:
-        return
-    from t5nb.tasks import register_task  # the command loads JAX and TensorFlow only for the handler it runs
-
-    name = args.task[-1] if isinstance(args.task, list) else args.task
-    options = {option.removeprefix("task_"): getattr(args, option) for option in TASK_FILE_OPTIONS
-               if getattr(args, option) is not None}
-    split = getattr(args, "split", None)  # eval's: the file is that split unless a ratio carves two
-    files = args.task_file if split is None or args.task_split_ratio is not None else {split: args.task_file}
-    register_task(name, files, **options)
+    names = args.task if isinstance(args.task, list) else [args.task]
+    if args.task_file:
+        options = {option.removeprefix("task_"): getattr(args, option) for option in TASK_FILE_OPTIONS
+                   if getattr(args, option) is not None}
+        split = getattr(args, "split", None)  # eval's: the file is that split unless a ratio carves two
+        files = args.task_file if split is None or args.task_split_ratio is not None else {split: args.task_file}
+        register_task(names[-1], files, **options)
+    register_run_task(args.model_dir, names)
 
 
 def run_eval_or_infer(args) -> int:

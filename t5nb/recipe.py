@@ -23,6 +23,7 @@ every model field, the dtype chosen for this chip and the vocabulary size filled
 `t5nb train <model_dir>/recipe.toml` reproduces the run.
 """
 import dataclasses
+import hashlib
 import json
 import pathlib
 import tomllib
@@ -44,6 +45,11 @@ class RecipeError(ValueError):
     """A recipe that cannot be run: the message names the file, section and key."""
 
 
+# [data]'s keys that describe a task read from files, as register_task takes them
+FILE_OPTIONS = ("validation_file", "split_ratio", "fields", "file_format", "objective", "prefix", "metric",
+                "vocabulary")
+
+
 @dataclasses.dataclass(frozen=True)
 class Data:
     """[data]: the task (or mixture) trained on, its feature lengths and the global batch."""
@@ -54,6 +60,30 @@ class Data:
     batch_size: int  # the global batch, summed over every process
     pack: bool | None = None  # none: pack targets-only (pretraining) tasks, not supervised ones
     seed: int = 0  # shuffling and random preprocessing (span corruption's noise)
+    # your own data: `task` is registered from these files (t5nb.tasks.register_task's options)
+    train_file: str | None = None  # TSV, CSV, JSON (an array of objects), JSONL or text
+    validation_file: str | None = None  # or split_ratio: the share of train_file kept for training
+    split_ratio: float | None = None
+    fields: dict[str, str] | None = None  # feature -> column or key, {inputs = "question", targets = "answer"}
+    file_format: str | None = None  # default: from the file name's suffix
+    objective: str | None = None  # supervised, or span_corruption (default: span corruption for text only)
+    prefix: str | None = None  # text put before every input, e.g. "question: "
+    metric: str | None = None  # squad (EM/F1 over every accepted answer), accuracy or bleu
+    vocabulary: str | None = None  # facts (default), byte, t5 or a SentencePiece model path
+    # resolved: the files' SHA-256, so that a run refuses to resume on a file that changed
+    train_file_sha256: str | None = None
+    validation_file_sha256: str | None = None
+
+    def __post_init__(self):
+        given = [name for name in FILE_OPTIONS if getattr(self, name) is not None]
+        if given and self.train_file is None:
+            raise ValueError(f"{', '.join(given)} describe the task read from train_file; give train_file too")
+        if self.validation_file is not None and self.split_ratio is not None:
+            raise ValueError("give validation_file or split_ratio, not both")
+
+    def files(self) -> dict:
+        """The data files by their key: `{"train_file": path, "validation_file": path}` as given."""
+        return {key: getattr(self, key) for key in ("train_file", "validation_file") if getattr(self, key)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +156,8 @@ class Recipe:
                 table.get(section, {}).pop(key, None)
             else:
                 table.setdefault(section, {})[key] = _toml_value_of(text)
+            if section == "data" and key in ("train_file", "validation_file"):  # another file: digested anew
+                table["data"].pop(f"{key}_sha256", None)
         return Recipe.from_dict(table, f"{self.source} with --set")
 
     # -- writing -------------------------------------------------------------------------------
@@ -163,13 +195,23 @@ class Recipe:
                               "every T5Config field, or a run.init_checkpoint with its own configuration "
                               "(a run or Hugging Face directory)")
         if preset is not None:
-            fields.setdefault("vocab_size", default_vocab_size(self.data.task))
+            fields.setdefault("vocab_size", default_vocab_size(self.data))
         fields.setdefault("dtype", jnp.dtype(compute_dtype()).name)
         return T5Config.from_json({**base.to_json(), **fields})
 
     def resolved(self) -> "Recipe":
-        """This recipe with every model field spelled out, as the run directory keeps it."""
-        return dataclasses.replace(self, model=self.model_config().to_json())
+        """This recipe with every model field spelled out and its data files' digests, as the
+        run directory keeps it; a file whose recorded digest it no longer has is refused."""
+        digests = {}
+        for key, path in self.data.files().items():
+            digest, recorded = file_sha256(path, f"{self.source}: [data] {key}"), getattr(self.data, f"{key}_sha256")
+            if recorded not in (None, digest):
+                raise RecipeError(f"{self.source}: [data] {key} {path} has changed since the recipe recorded it "
+                                  f"(sha256 {recorded[:12]}..., now {digest[:12]}...): restore the file, or give "
+                                  f"it again (--set data.{key}={path}) to train on it as it is")
+            digests[f"{key}_sha256"] = digest
+        recipe = dataclasses.replace(self, data=dataclasses.replace(self.data, **digests))
+        return dataclasses.replace(recipe, model=recipe.model_config().to_json())
 
     def make_mesh(self) -> jax.sharding.Mesh:
         return mesh_lib.make_mesh(self.mesh.num_partitions)
@@ -188,6 +230,8 @@ def _toml(value) -> str:
         return "true" if value else "false"
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(_toml(item) for item in value) + "]"
+    if isinstance(value, dict):  # an inline table
+        return "{" + ", ".join(f"{json.dumps(str(key))} = {_toml(item)}" for key, item in value.items()) + "}"
     if isinstance(value, (int, float)):
         return repr(value)
     return json.dumps(str(value))  # a JSON string is a TOML basic string
@@ -208,6 +252,8 @@ def _describe(kind) -> str:
         return " or ".join(_describe(a) for a in arguments) + " (or none)"
     if typing.get_origin(kind) is tuple:
         return "a list of strings"
+    if typing.get_origin(kind) is dict:
+        return 'a table of strings, e.g. {inputs = "question", targets = "answer"}'
     return names.get(kind, "a dtype name such as float32 or bfloat16" if kind is jnp.dtype else str(kind))
 
 
@@ -225,6 +271,10 @@ def _coerce(where: str, value, kind):
             return jnp.dtype(value).name
         except TypeError:
             pass
+    elif typing.get_origin(kind) is dict:
+        if not (isinstance(value, dict) and all(isinstance(v, str) for v in value.values())):
+            raise RecipeError(f"{where} must be {_describe(kind)}, got {value!r}")
+        return dict(value)
     elif typing.get_origin(kind) is tuple:
         if not (isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)):
             raise RecipeError(f"{where} must be {_describe(kind)}, got {value!r}")
@@ -278,12 +328,58 @@ def load_recipe(path) -> Recipe:
     return Recipe.from_dict(table, str(path))
 
 
-def default_vocab_size(task) -> int:
-    """The embedding rows for `task`'s vocabulary: its ids, or 32128 for the official T5
+def file_sha256(path, where: str) -> str:
+    """The SHA-256 of the file `path` (hex); `where` names the key that gave it when it is missing."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{where} {path}: {'not a file' if path.exists() else 'no such file'}")
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+_file_tasks = {}  # task name -> (its Data's file options, digests) when data_task registered it
+
+
+def data_task(data: Data):
+    """[data]'s task: registered from its files when it names them (again when they changed,
+    within this process), else the registered task of that name."""
+    from t5nb import tasks  # TensorFlow (tf.data) loads with the tasks; a recipe reads and checks without it
+
+    if data.train_file is None:
+        return tasks.get_task(data.task)
+    options = {name: getattr(data, name) for name in FILE_OPTIONS if getattr(data, name) is not None}
+    key = (repr(sorted(options.items())), data.train_file,
+           tuple(file_sha256(path, f"[data] {name}") for name, path in data.files().items()))
+    if tasks.is_registered(data.task) and data.task in _file_tasks:
+        if _file_tasks[data.task] == key:
+            return tasks.get_task(data.task)
+        tasks.remove_task(data.task)
+    validation = options.pop("validation_file", None)
+    files = {"train": data.train_file, "validation": validation} if validation else data.train_file
+    task = tasks.register_task(data.task, files, seed=data.seed, **options)
+    _file_tasks[data.task] = key
+    return task
+
+
+def register_run_task(model_dir, names) -> None:
+    """Register the task a run trained on from the data files its `recipe.toml` names, when
+    `names` holds it and no task of that name is registered yet (`t5nb eval` and `infer` of a
+    run trained on a file take its task by name)."""
+    from t5nb import tasks  # TensorFlow (tf.data) loads with the tasks; a recipe reads and checks without it
+
+    path = pathlib.Path(model_dir) / "recipe.toml"
+    if not path.is_file():
+        return
+    data = load_recipe(path).data
+    if data.train_file and data.task in names and not tasks.is_registered(data.task):
+        data_task(data)
+
+
+def default_vocab_size(data: Data) -> int:
+    """The embedding rows for [data]'s task's vocabulary: its ids, or 32128 for the official T5
     vocabulary's 32100, as the published checkpoints pad it."""
     from t5nb import tasks  # TensorFlow (tf.data) loads with the tasks; a recipe reads and checks without it
 
-    vocabulary = tasks.get_task(task).output_features["targets"].vocabulary
+    vocabulary = data_task(data).output_features["targets"].vocabulary
     return 32128 if tasks.vocab.is_official(vocabulary) else vocabulary.vocab_size
 
 

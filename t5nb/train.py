@@ -23,7 +23,7 @@ from t5nb.event_logs import logged_steps
 from t5nb.files import write_atomically
 from t5nb.system import time_matmul
 from t5nb import adapters, evaluate, tasks
-from t5nb.recipe import Recipe, RecipeError, feature_lengths, load_recipe, make_trainer
+from t5nb.recipe import Recipe, RecipeError, data_task, feature_lengths, load_recipe, make_trainer
 from t5nb.restore import initial_params
 from t5nb.trainer import Trainer, TrainState, finalize, teacher_forced
 
@@ -325,6 +325,20 @@ def recipe_validation(recipe: Recipe) -> dict:
     return settings
 
 
+def refuse_to_resume_elsewhere(recipe: Recipe, saved: Recipe, model_dir: pathlib.Path) -> None:
+    """A RecipeError when `recipe` would resume the run `saved` (its `recipe.toml`) on another
+    adapter base, or on a data file whose content changed since (their SHA-256 differ)."""
+    if adapters.has_adapters(recipe.model_config()) and saved.run.init_checkpoint != recipe.run.init_checkpoint:
+        raise RecipeError(f"{model_dir} trained adapters on {saved.run.init_checkpoint}; refusing to resume them on "
+                          f"{recipe.run.init_checkpoint} (run.init_checkpoint)")
+    for key, path in recipe.data.files().items():
+        then, now = getattr(saved.data, f"{key}_sha256"), getattr(recipe.data, f"{key}_sha256")
+        if then is not None and then != now:
+            raise RecipeError(f"{model_dir} trained on {getattr(saved.data, key)} with other content (sha256 "
+                              f"{then[:12]}...) than data.{key} {path} holds now ({now[:12]}...); refusing to "
+                              "resume on changed data: restore the file, or train into another run.model_dir")
+
+
 def run_recipe(recipe: Recipe, *, on_log=None, progress: bool = True, trainer: Trainer | None = None):
     """Train as `recipe` says, resuming its run directory where its checkpoints end; write the
     resolved recipe there as `recipe.toml`. `trainer` (one the recipe's model and optimizer
@@ -341,15 +355,13 @@ def run_recipe(recipe: Recipe, *, on_log=None, progress: bool = True, trainer: T
         elif (trainer.model_config, trainer.train_config) != (config, recipe.optimizer):
             raise ValueError("the trainer given differs from the recipe's model or optimizer")
         resuming = recipe.run.checkpoint_every > 0 and resume_step(model_dir) is not None
-        if resuming and adapters.has_adapters(config) and (model_dir / "recipe.toml").is_file():
-            base = load_recipe(model_dir / "recipe.toml").run.init_checkpoint
-            if base != recipe.run.init_checkpoint:
-                raise RecipeError(f"{model_dir} trained adapters on {base}; refusing to resume them on "
-                                  f"{recipe.run.init_checkpoint} (run.init_checkpoint)")
+        if resuming and (model_dir / "recipe.toml").is_file():
+            refuse_to_resume_elsewhere(recipe, load_recipe(model_dir / "recipe.toml"), model_dir)
         params = None  # a resumed run's checkpoints hold what it trained; its frozen base is read again
         if recipe.run.init_checkpoint and not (resuming and not adapters.has_adapters(config)):
             params = initial_params(recipe.run.init_checkpoint, config, trainer.mesh)
         data = recipe.data
+        data_task(data)  # registered from its files, if it names them
         if jax.process_index() == 0:
             tasks.warn_if_cut(data.task, "train", feature_lengths(recipe),
                               {"inputs": "data.inputs_length", "targets": "data.targets_length"})

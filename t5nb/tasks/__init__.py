@@ -14,7 +14,8 @@ from t5nb.tasks.custom import (TaskDataError, describe, read_examples, read_rows
                                warn_if_cut)
 from t5nb.tasks.offline import FACT_CHECK, QA, SLOT_FILLING, SPAN_CORRUPTION, register_facts_tasks
 from t5nb.tasks.real import register_nq_open_jsonl, register_real_tasks, register_triviaqa_jsonl
-from t5nb.tasks.pieces import TaskNameError, check_vocabulary, first_examples, get_task
+from t5nb.tasks.pieces import (TaskNameError, check_vocabulary, first_examples, get_task, is_registered,
+                               remove_task)
 from t5nb.tasks.vocab import (FACTS_SPM_PATH, describe_vocabulary, get_vocabulary,
                              shared_data_dir)
 
@@ -27,7 +28,7 @@ __all__ = [
     "BatchIterator", "FACTS_SPM_PATH", "FACT_CHECK", "Preview", "Previews", "QA", "SLOT_FILLING", "SPAN_CORRUPTION",
     "TaskDataError", "TaskNameError", "as_text", "check_vocabulary", "describe", "describe_vocabulary",
     "first_examples", "get_dataset", "get_task",
-    "get_vocabulary", "preview", "read_examples", "read_rows", "register_facts_tasks", "register_nq_open_jsonl",
-    "register_real_tasks", "register_task", "register_triviaqa_jsonl", "shared_data_dir", "token_lengths",
+    "get_vocabulary", "is_registered", "preview", "read_examples", "read_rows", "register_facts_tasks", "register_nq_open_jsonl",
+    "register_real_tasks", "register_task", "register_triviaqa_jsonl", "remove_task", "shared_data_dir", "token_lengths",
     "validation_batches", "warn_if_cut",
 ]

@@ -103,7 +103,7 @@ def add_task(name: str, source: seqio.DataSource, *, objective: str, vocabulary:
     """Register a task; `exist_ok` returns the registered one (idempotent built-ins), else a
     second registration of `name` is a `TaskNameError`. `salient_spans` is the regex that
     `salient_span_masking` masks."""
-    if name in seqio.TaskRegistry.names() or name in seqio.MixtureRegistry.names():
+    if is_registered(name):
         if exist_ok:
             return seqio.get_mixture_or_task(name)
         raise TaskNameError(f"a task or mixture called {name!r} is already registered; choose another name")
@@ -156,6 +156,16 @@ def first_examples(task, count: int) -> str:
                                preprocessors=task.preprocessors, output_features=task.output_features,
                                postprocess_fn=task.postprocessor, metric_fns=task.metric_fns)
     return name
+
+
+def is_registered(name: str) -> bool:
+    """Whether a task or mixture called `name` is registered."""
+    return name in seqio.TaskRegistry.names() or name in seqio.MixtureRegistry.names()
+
+
+def remove_task(name: str) -> None:
+    """Unregister the task `name` (to register it again from files that changed)."""
+    seqio.TaskRegistry.remove(name)
 
 
 def get_task(name_or_task) -> seqio.Task | seqio.Mixture:
