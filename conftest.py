@@ -8,10 +8,10 @@ import pytest
 
 # the longest units first (measured: minutes each on 2 cores), so that none is left to run
 # alone at the end while the other worker waits
-FIRST = ("notebooks", "tests/test_run_folder.py", "tests/test_colab_path.py", "tests/test_train.py")
+FIRST = ("notebooks", "tests/test_run_folder.py", "tests/test_hosted_path.py", "tests/test_train.py")
 # files whose tests are each a unit of their own (each several minutes of processes of its own;
 # a module fixture is then built once on each worker that runs some of them)
-SPREAD = ("tests/test_run_folder.py",)
+SPREAD = ("tests/test_run_folder.py", "tests/test_hosted_path.py")
 
 
 def _file(nodeid: str) -> str:

@@ -1,17 +1,21 @@
-"""The accelerator course's FLOPs, memory and estimated wall time on a TPU v5e-1 and a T4.
+"""The accelerator course's FLOPs, memory and estimated wall time on every chip a learner gets.
 
     .venv/bin/python bench/accelerator_estimates.py
     PYTHONPATH=/tmp/libtpu .venv/bin/python bench/accelerator_estimates.py   # compiled for a TPU v5e
 
-Compiles, with abstract inputs (nothing allocated), the programs the course runs under the
-`accelerator` profile, in each chip's `profiles.compute_dtype` (bfloat16 for the v5e, float32
-for the T4): the Trainer's train step (pretraining and fine-tuning shapes), its teacher-forced
-eval step, and greedy decoding of an evaluation batch. With libtpu importable (`pip install
---no-deps --target /tmp/libtpu "libtpu==<the version jax[tpu] pins>"`) XLA's TPU compiler
-compiles them ahead of time for a v5e chip, none needed; otherwise XLA:CPU does, whose memory
-figures are far larger than a TPU's (no TPU fusion and scheduling). XLA's cost analysis gives
-FLOPs and bytes accessed, its memory analysis the bytes a program needs (arguments + outputs -
-donated + temporaries). Prints the README's table; writes bench/results/accelerator_estimates.json.
+Each setup (a chip of `profiles.CHIPS`, and how many: Colab's v5e-1 and T4, Kaggle's v5e-8 and
+2 x T4, ...) gets the profile and dtype that detection gives it (`profiles.profile_name_for`,
+`profiles.compute_dtype`). For each profile and dtype this compiles, with abstract inputs
+(nothing allocated), the programs the course runs: the Trainer's train step (pretraining and
+fine-tuning shapes), its teacher-forced eval step, and greedy decoding of an evaluation batch.
+With libtpu importable (`pip install --no-deps --target /tmp/libtpu "libtpu==<the version
+jax[tpu] pins>"`) XLA's TPU compiler compiles them ahead of time for a v5e chip, none needed;
+otherwise XLA:CPU does, whose memory figures are far larger than a TPU's (no TPU fusion and
+scheduling). XLA's cost analysis gives FLOPs and bytes accessed, its memory analysis the bytes
+a program needs (arguments + outputs - donated + temporaries). Several chips split each batch
+(data parallel, as t5nb's mesh does): their time is one chip's over their count, an ideal
+scaling, and their memory is one chip's running the whole batch, an upper bound. Prints the
+README's table; writes bench/results/accelerator_estimates.json.
 """
 import os
 
@@ -29,7 +33,6 @@ import math  # noqa: E402
 import pathlib  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
-import types  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -40,7 +43,7 @@ from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 from t5nb import decode, workflow  # noqa: E402
 from t5nb import mesh as mesh_lib  # noqa: E402
 from t5nb.model import Transformer  # noqa: E402
-from t5nb.profiles import compute_dtype, get_profile  # noqa: E402
+from t5nb.profiles import CHIPS, compute_dtype, get_profile, profile_name_for  # noqa: E402
 from t5nb.trainer import Trainer  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
@@ -53,19 +56,10 @@ VALIDATION_EXAMPLES = {"wmt14_ende": {"wmt14_ende": 3000},
                        "closed_book_qa": {"nq_open": 3610, "triviaqa_nocontext": 11313}}
 
 
-@dataclasses.dataclass(frozen=True)
-class Chip:
-    name: str
-    device: object  # what compute_dtype reads: platform, compute capability
-    peak_flops: float  # dense, in the dtype compute_dtype picks for it
-    bandwidth: float  # memory bytes/s
-    memory: float  # bytes
-
-
-CHIPS = {
-    "v5e": Chip("v5e-1", types.SimpleNamespace(platform="tpu"), 197e12, 819e9, 16e9),
-    "t4": Chip("T4", types.SimpleNamespace(platform="gpu", compute_capability="7.5"), 8.1e12, 320e9, 16e9),
-}
+# (what the README calls it, the chip in profiles.CHIPS, how many): the free ones first
+SETUPS = [("Colab TPU v5e-1", "v5e", 1), ("Kaggle TPU v5e-8", "v5e", 8), ("Colab T4", "t4", 1),
+          ("Kaggle 2 x T4", "t4", 2), ("Kaggle P100", "p100", 1), ("Colab Pro L4", "l4", 1),
+          ("Colab Pro A100", "a100", 1), ("H100", "h100", 1)]
 
 
 def compile_target() -> jax.sharding.Mesh:
@@ -180,7 +174,7 @@ def course(profile) -> dict:
     }
 
 
-def seconds_on(chip: Chip, name: str, program: dict) -> float:
+def seconds_on(chip, name: str, program: dict) -> float:
     """Training and eval steps: FLOPs at MFU x peak. Decoding, little arithmetic per byte: the
     larger of FLOPs at peak and XLA's bytes accessed at the full memory bandwidth, over MFU."""
     if name != "decode_batch":
@@ -188,36 +182,42 @@ def seconds_on(chip: Chip, name: str, program: dict) -> float:
     return max(program["flops"] / chip.peak_flops, program["bytes_accessed"] / chip.bandwidth) / MFU
 
 
-def estimate(profile) -> dict:
+def estimate() -> dict:
     started = time.perf_counter()
     mesh = compile_target()
-    programs = {key: programs_in(compute_dtype(chip.device), mesh, profile) for key, chip in CHIPS.items()}
-    notebooks = {}
-    for notebook, plan in course(profile).items():
-        counts = plan["counts"]
-        row = {"training_runs": plan["runs"], "decoded_examples": plan["examples"],
-               "train_steps": counts.get("pretrain_step", 0) + counts.get("finetune_step", 0)}
-        for key, chip in CHIPS.items():
-            compute = sum(n * seconds_on(chip, name, programs[key][name]) for name, n in counts.items())
-            row[key] = {"minutes": (compute + plan["runs"] * RUN_OVERHEAD_S) / 60, "compute_minutes": compute / 60,
-                        "memory_gb": max(programs[key][name]["memory"] for name in counts) / 1e9}
-        notebooks[notebook] = row
-    total = {key: {"minutes": sum(row[key]["minutes"] for row in notebooks.values()),
-                   "compute_minutes": sum(row[key]["compute_minutes"] for row in notebooks.values()),
-                   "memory_gb": max(row[key]["memory_gb"] for row in notebooks.values())} for key in CHIPS}
-    overhead_minutes = sum(row["training_runs"] for row in notebooks.values()) * RUN_OVERHEAD_S / 60
-    for key, chip in CHIPS.items():
-        total[key]["fits_in_memory"] = total[key]["memory_gb"] * 1e9 <= chip.memory
-    total["v5e"]["mfu_for_60_minutes"] = total["v5e"]["compute_minutes"] * MFU / (60 - overhead_minutes)
+    setups = {name: (CHIPS[key], count, profile_name_for(CHIPS[key].device())) for name, key, count in SETUPS}
+    programs = {}  # "<profile> <dtype>" -> its programs
+    for chip, _, profile_name in setups.values():
+        dtype = jnp.dtype(compute_dtype(chip.device())).name
+        if f"{profile_name} {dtype}" not in programs:
+            programs[f"{profile_name} {dtype}"] = programs_in(jnp.dtype(dtype), mesh, get_profile(profile_name))
+    results = {}
+    for name, (chip, count, profile_name) in setups.items():
+        dtype = jnp.dtype(compute_dtype(chip.device())).name
+        compiled, notebooks = programs[f"{profile_name} {dtype}"], {}
+        for notebook, plan in course(get_profile(profile_name)).items():
+            counts = plan["counts"]
+            compute = sum(n * seconds_on(chip, program, compiled[program]) for program, n in counts.items()) / count
+            notebooks[notebook] = {
+                "training_runs": plan["runs"], "decoded_examples": plan["examples"],
+                "train_steps": counts.get("pretrain_step", 0) + counts.get("finetune_step", 0),
+                "minutes": (compute + plan["runs"] * RUN_OVERHEAD_S) / 60, "compute_minutes": compute / 60,
+                "memory_gb": max(compiled[program]["memory"] for program in counts) / 1e9}
+        compute_minutes = sum(row["compute_minutes"] for row in notebooks.values())
+        overhead_minutes = sum(row["training_runs"] for row in notebooks.values()) * RUN_OVERHEAD_S / 60
+        memory_gb = max(row["memory_gb"] for row in notebooks.values())
+        results[name] = {"chip": chip.kind, "chips": count, "profile": profile_name, "dtype": dtype,
+                         "notebooks": notebooks, "minutes": compute_minutes + overhead_minutes,
+                         "compute_minutes": compute_minutes, "memory_gb": memory_gb,
+                         "fits_in_memory": memory_gb * 1e9 <= chip.memory,
+                         "mfu_for_60_minutes": compute_minutes * MFU / (60 - overhead_minutes)}
     return {"date": datetime.date.today().isoformat(), "commit": commit(),
             "compiled_for": mesh.devices.flat[0].device_kind, "bench_seconds": round(time.perf_counter() - started),
-            "profile": dataclasses.asdict(profile),
+            "profiles": {name: dataclasses.asdict(get_profile(name)) for name in {p for *_, p in setups.values()}},
             "assumptions": {"mfu": MFU, "run_overhead_s": RUN_OVERHEAD_S, "eval_batch": EVAL_BATCH,
                             "validation_examples": VALIDATION_EXAMPLES,
-                            "chips": {key: {**dataclasses.asdict(chip), "device": vars(chip.device),
-                                            "dtype": jnp.dtype(compute_dtype(chip.device)).name}
-                                      for key, chip in CHIPS.items()}},
-            "programs": programs, "notebooks": notebooks, "total": total}
+                            "chips": {key: dataclasses.asdict(CHIPS[key]) for _, key, _ in SETUPS}},
+            "programs": programs, "setups": results}
 
 
 def commit() -> str:
@@ -227,29 +227,22 @@ def commit() -> str:
 
 
 def table(result: dict) -> str:
-    """The README's markdown table."""
-    programs = result["programs"]["v5e"]
-    v5e, t4 = CHIPS["v5e"].name, CHIPS["t4"].name
-    lines = [f"| notebook | train steps | TFLOP / train step | decoded examples | GB per step: {v5e} (bf16) / {t4} "
-             f"(fp32) | {v5e} min | {t4} min |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for notebook, row in result["notebooks"].items():
-        step = programs["pretrain_step" if notebook == "02_pretraining" else "finetune_step"]
-        lines.append(f"| `{notebook}` | {row['train_steps']:,} | {step['flops'] / 1e12:.2f} | "
-                     f"{row['decoded_examples']:,} | {row['v5e']['memory_gb']:.1f} / {row['t4']['memory_gb']:.1f} | "
-                     f"{row['v5e']['minutes']:.0f} | {row['t4']['minutes']:.0f} |")
-    total = result["total"]
-    lines.append(f"| **course** | | | | {total['v5e']['memory_gb']:.1f} / {total['t4']['memory_gb']:.1f} | "
-                 f"**{total['v5e']['minutes']:.0f}** | **{total['t4']['minutes']:.0f}** |")
+    """The README's markdown table: a row per setup."""
+    lines = ["| setup | profile | dtype | 02 min | 03 min | 04 min | 05 min | **course min** | GB per chip | "
+             "MFU for 60 min |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for name, row in result["setups"].items():
+        minutes = " | ".join(f"{notebook['minutes']:.0f}" for notebook in row["notebooks"].values())
+        lines.append(f"| {name} | `{row['profile']}` | {row['dtype']} | {minutes} | **{row['minutes']:.0f}** | "
+                     f"{row['memory_gb']:.1f}{'' if row['fits_in_memory'] else ' (too much)'} | "
+                     f"{row['mfu_for_60_minutes']:.0%} |")
     return "\n".join(lines)
 
 
 def main():
-    result = estimate(get_profile("accelerator"))
+    result = estimate()
     print(table(result))
     print(f"\ncompiled for {result['compiled_for']} in {result['bench_seconds']} s; MFU {MFU:.0%}, "
-          f"{RUN_OVERHEAD_S} s per training run; the v5e course takes 60 minutes at "
-          f"{result['total']['v5e']['mfu_for_60_minutes']:.0%} MFU; fits in memory: "
-          + ", ".join(f"{chip.name} {result['total'][key]['fits_in_memory']}" for key, chip in CHIPS.items()))
+          f"{RUN_OVERHEAD_S} s per training run")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "accelerator_estimates.json").write_text(json.dumps(result, indent=2) + "\n")
 

@@ -1,9 +1,9 @@
-"""Write every notebook's Colab badge and setup cell, and the README's badges, from the one
-place that names the repository: `Repository` in pyproject.toml's [project.urls].
+"""Write every notebook's Colab and Kaggle badges and setup cell, and the README's badges, from
+the one place that names the repository: `Repository` in pyproject.toml's [project.urls].
 
     python scripts/sync_notebooks.py [ROOT]    # ROOT: the repository's root, default this one
 
-Run it after changing that URL (publishing or forking the project); tests/test_colab_path.py
+Run it after changing that URL (publishing or forking the project); tests/test_hosted_path.py
 fails until the files agree with it. Everything else in the notebooks is left byte for byte.
 """
 import json
@@ -14,18 +14,22 @@ import tomllib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 COLAB = "https://colab.research.google.com/github/"
-BADGE_LINK = re.compile(re.escape(COLAB) + r"[^/\s]+/[^/\s]+/blob/[^/\s]+/")
+KAGGLE = "https://kaggle.com/kernels/welcome?src=https://github.com/"
+BADGE_LINK = re.compile(f"({re.escape(COLAB)}|{re.escape(KAGGLE)})" + r"[^/\s]+/[^/\s]+/blob/[^/\s]+/")
+BADGES = "[![Open In Colab]"
 SETUP = """\
-# Setup. On Colab this fetches and installs t5nb (a few minutes); locally `make setup` did it.
+# Setup. On Colab or Kaggle this fetches and installs t5nb (a few minutes; on Kaggle turn
+# Settings > Internet on first); locally `make setup` did it.
 KEEP_RUNS_ON_DRIVE = False  # Colab: True keeps runs/ in your Google Drive, for later sessions and notebooks
-import sys
-if "google.colab" in sys.modules:
-    !test -d /content/t5nb || git clone -q --depth 1 -b {branch} https://github.com/{repo} /content/t5nb
-    !bash /content/t5nb/scripts/colab_setup.sh
+import os, sys
+HOSTED = "/content" if "google.colab" in sys.modules else "/kaggle" if "KAGGLE_KERNEL_RUN_TYPE" in os.environ else ""
+if HOSTED:
+    !test -d {{HOSTED}}/t5nb || git clone -q --depth 1 -b {branch} https://github.com/{repo} {{HOSTED}}/t5nb
+    !bash {{HOSTED}}/t5nb/scripts/hosted_setup.sh
     import google.protobuf, importlib.metadata
     if google.protobuf.__version__ != importlib.metadata.version("protobuf"):  # imported before the upgrade
-        raise SystemExit("protobuf was upgraded: Runtime > Restart session, then run this cell again")
-    sys.path.insert(0, "/content/t5nb")
+        raise SystemExit("protobuf was upgraded: restart the session (kernel), then run this cell again")
+    sys.path.insert(0, f"{{HOSTED}}/t5nb")
 import t5nb
 t5nb.tune_host()  # first: keep freed host memory for XLA:CPU's step buffers (see t5nb.host)
 if KEEP_RUNS_ON_DRIVE:
@@ -42,10 +46,12 @@ def repository(root=ROOT) -> tuple[str, str]:
 
 
 def badge(notebook: str, root=ROOT) -> str:
-    """The Open-in-Colab badge, in Markdown, of notebooks/<notebook>."""
+    """The Open-in-Colab and Open-in-Kaggle badges, in Markdown, of notebooks/<notebook>."""
     repo, branch = repository(root)
     return (f"[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]"
-            f"({COLAB}{repo}/blob/{branch}/notebooks/{notebook})")
+            f"({COLAB}{repo}/blob/{branch}/notebooks/{notebook}) "
+            f"[![Open In Kaggle](https://kaggle.com/static/images/open-in-kaggle.svg)]"
+            f"({KAGGLE}{repo}/blob/{branch}/notebooks/{notebook})")
 
 
 def setup_cell(root=ROOT) -> list[str]:
@@ -64,14 +70,15 @@ def sync(root=ROOT) -> list[pathlib.Path]:
         first, setup = nb["cells"][:2]
         if setup["cell_type"] != "code":
             raise ValueError(f"{path}: cell 1 is not the setup code cell")
-        if first["source"] and first["source"][0].startswith("[![Open In Colab]"):
+        if first["source"] and first["source"][0].startswith(BADGES):
             first["source"][0] = badge(path.name, root) + "\n"
         else:
             first["source"][:0] = [badge(path.name, root) + "\n", "\n"]
         setup["source"] = setup_cell(root)
         changed += _write(path, json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
     readme = root / "README.md"
-    changed += _write(readme, BADGE_LINK.sub(f"{COLAB}{repo}/blob/{branch}/", readme.read_text(encoding="utf-8")))
+    text = BADGE_LINK.sub(lambda link: f"{link[1]}{repo}/blob/{branch}/", readme.read_text(encoding="utf-8"))
+    changed += _write(readme, text)
     return changed
 
 

@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     course = commands.add_parser("course", parents=[debug], help="execute the notebooks headless into --out")
     course.add_argument("--out", default="runs", help="folder for executed notebooks and logs")
-    course.add_argument("--profile", help="ci, cpu, accelerator or rehearsal (default: detected)")
+    course.add_argument("--profile", help="ci, cpu, accelerator, fp32-gpu or rehearsal (default: detected)")
     course.add_argument("--fresh", action="store_true", help="delete the profile's earlier runs in --out first")
     course.add_argument("notebooks", nargs="*", help="only these notebooks (e.g. 00_setup)")
     commands.add_parser("info", parents=[debug], help="print versions, devices and the profile")

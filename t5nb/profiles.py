@@ -1,11 +1,14 @@
 """Profiles: one small table that tells every notebook how big to go on this machine.
 
-`T5NB_PROFILE=ci|cpu|accelerator|rehearsal` picks one; unset, t5nb looks at JAX's default backend.
+`T5NB_PROFILE=ci|cpu|accelerator|fp32-gpu|rehearsal` picks one; unset, t5nb looks at the
+first device JAX has (`profile_name_for`). `CHIPS` lists the accelerators the course is sized
+for: detection, the MFU a run reports and bench/accelerator_estimates.py read it.
 """
 import dataclasses
 import os
 import pathlib
 import tomllib
+import types
 
 import jax
 import jax.numpy as jnp
@@ -58,12 +61,59 @@ def _read_profiles(path: pathlib.Path) -> dict[str, Profile]:
 PROFILES = _read_profiles(pathlib.Path(__file__).with_name("profiles.toml"))
 
 
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """An accelerator the course is sized for; `peak_flops` is its dense peak in the dtype
+    `compute_dtype` gives it (bfloat16, or float32 where it has no bfloat16 units)."""
+
+    kind: str  # how jax.Device.device_kind starts on it
+    platform: str  # tpu or gpu
+    compute_capability: str | None  # an NVIDIA GPU's: 8.0 and up compute in bfloat16
+    peak_flops: float
+    bandwidth: float  # memory bytes/s
+    memory: float  # bytes per chip
+    lent_by: str  # where a learner gets one
+
+    def device(self):
+        """What `compute_dtype` and `profile_name_for` read of a jax.Device on this chip."""
+        return types.SimpleNamespace(platform=self.platform, device_kind=self.kind,
+                                     compute_capability=self.compute_capability)
+
+
+CHIPS = {  # vendors' data sheets: dense peak (no sparsity), HBM bandwidth and size
+    "v5e": Chip("TPU v5 lite", "tpu", None, 197e12, 819e9, 16e9, "Colab (1 chip), Kaggle (8 chips)"),
+    "v4": Chip("TPU v4", "tpu", None, 275e12, 1228e9, 32e9, "Google Cloud"),
+    "v3": Chip("TPU v3", "tpu", None, 123e12, 900e9, 16e9, "Google Cloud"),
+    "t4": Chip("Tesla T4", "gpu", "7.5", 8.1e12, 320e9, 16e9, "Colab (1), Kaggle (2)"),
+    "p100": Chip("Tesla P100", "gpu", "6.0", 9.3e12, 732e9, 16e9, "Kaggle (1)"),
+    "l4": Chip("NVIDIA L4", "gpu", "8.9", 121e12, 300e9, 24e9, "Colab Pro"),
+    "a100": Chip("NVIDIA A100", "gpu", "8.0", 312e12, 1555e9, 40e9, "Colab Pro"),
+    "h100": Chip("NVIDIA H100", "gpu", "9.0", 989e12, 3350e9, 80e9, "Colab Pro, clouds"),
+    "h200": Chip("NVIDIA H200", "gpu", "9.0", 989e12, 4800e9, 141e9, "clouds"),
+}
+
+
+def chip_of(device) -> Chip | None:
+    """The entry of `CHIPS` for `device` (by its device_kind), or None (a CPU, an unknown chip)."""
+    kind = getattr(device, "device_kind", "")
+    return next((chip for chip in CHIPS.values() if kind.startswith(chip.kind)), None)
+
+
+def profile_name_for(device) -> str:
+    """The profile a device gets: `cpu` on a CPU; `accelerator` where it computes in bfloat16
+    (a TPU, an A100, L4 or H100); `fp32-gpu` on a GPU without bfloat16 (a T4, a P100), the
+    same course sized for float32's far lower peak."""
+    if device.platform == "cpu":
+        return "cpu"
+    return "accelerator" if compute_dtype(device) == jnp.bfloat16 else "fp32-gpu"
+
+
 def detect_profile_name() -> str:
-    """`T5NB_PROFILE` if set, else `accelerator` when JAX sees a GPU/TPU, else `cpu`."""
+    """`T5NB_PROFILE` if set, else `profile_name_for` JAX's first device."""
     name = os.environ.get("T5NB_PROFILE", "").strip().lower()
     if name:
         return name
-    return "cpu" if jax.default_backend() == "cpu" else "accelerator"
+    return profile_name_for(jax.devices()[0])
 
 
 def compute_dtype(device=None):

@@ -1,4 +1,4 @@
-"""What machine is this: Colab or local, package versions, devices, a timed matmul."""
+"""What machine is this: Colab, Kaggle or local, package versions, devices, a timed matmul."""
 import importlib.metadata
 import os
 import platform
@@ -14,6 +14,14 @@ PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "seqio-nightly
 
 def in_colab() -> bool:
     return "google.colab" in sys.modules
+
+
+def in_kaggle() -> bool:
+    """A Kaggle notebook (its kernels set KAGGLE_KERNEL_RUN_TYPE: Interactive, or Batch when saved)."""
+    return "KAGGLE_KERNEL_RUN_TYPE" in os.environ
+
+
+KAGGLE_WORKING = "/kaggle/working"  # what Kaggle keeps as a notebook's output when you save a version
 
 
 DRIVE = "/content/drive"  # where Colab mounts Google Drive
@@ -61,7 +69,8 @@ def time_matmul(n: int, dtype=jnp.float32, repeats: int = 5) -> float:
 
 def report(profile) -> None:
     """Print where we are: Colab or local, versions, devices and the profile in use."""
-    print(f"Running on: {'Google Colab' if in_colab() else 'a local machine'} ({platform.platform()})")
+    where = "Google Colab" if in_colab() else "Kaggle" if in_kaggle() else "a local machine"
+    print(f"Running on: {where} ({platform.platform()})")
     for name, version in versions().items():
         print(f"  {name:18s} {version}")
     devices = jax.devices()

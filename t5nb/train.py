@@ -21,17 +21,12 @@ from t5nb.checkpoints import RunCheckpoints, holding, resume_step, warn_if_short
 from t5nb.config import EXECUTION_FIELDS
 from t5nb.event_logs import logged_steps
 from t5nb.files import write_atomically
+from t5nb.profiles import chip_of
 from t5nb.system import time_matmul
 from t5nb import adapters, evaluate, tasks
 from t5nb.recipe import Recipe, RecipeError, data_task, feature_lengths, load_recipe, make_trainer
 from t5nb.restore import initial_params
 from t5nb.trainer import Trainer, TrainState, finalize, teacher_forced
-
-# Dense bf16 peak FLOP/s per chip, for the MFU estimate (CPU: measured at start instead).
-PEAK_FLOPS = {"TPU v5 lite": 197e12, "TPU v4": 275e12, "TPU v3": 123e12, "TPU v2": 45e12,
-              "NVIDIA H100": 989e12, "NVIDIA H200": 989e12, "NVIDIA A100": 312e12, "Tesla T4": 65e12,
-              "NVIDIA L4": 121e12}
-
 
 
 VALIDATION = "validation/"  # the prefix of evaluation metrics in `on_log`
@@ -44,11 +39,10 @@ def validation_scalars(metrics: dict) -> dict:
 
 
 def _peak_flops(mesh) -> float:
-    kind = mesh.devices.flat[0].device_kind
-    for name, peak in PEAK_FLOPS.items():
-        if kind.startswith(name):
-            return peak * mesh.devices.size
-    return time_matmul(1024) * mesh.devices.size  # CPU: measured fp32 matmul rate
+    """The mesh's dense peak in the dtype it computes in (profiles.CHIPS), for the MFU a run
+    reports; on a CPU or an unknown chip, its measured float32 matmul rate."""
+    chip = chip_of(mesh.devices.flat[0])
+    return (chip.peak_flops if chip else time_matmul(1024)) * mesh.devices.size
 
 
 @dataclasses.dataclass

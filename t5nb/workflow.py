@@ -19,14 +19,16 @@ from t5nb.files import write_atomically
 from t5nb.paths import REPO_ROOT
 from t5nb.profiles import Profile
 from t5nb.recipe import Data, Recipe, Run, make_trainer
-from t5nb.system import in_colab
+from t5nb.system import KAGGLE_WORKING, in_colab, in_kaggle
 from t5nb.train import TrainResult, run_recipe
 from t5nb.trainer import Trainer, TrainConfig, teacher_forced
 
 
 def runs_dir() -> pathlib.Path:
-    """Where runs go: `$T5NB_RUNS_DIR`, else `runs/` beside the notebooks (`/content/runs` on Colab)."""
-    default = "/content/runs" if in_colab() else REPO_ROOT / "runs"
+    """Where runs go: `$T5NB_RUNS_DIR`, else `runs/` beside the notebooks (`/content/runs` on
+    Colab; on Kaggle `/kaggle/working/runs`, kept with the notebook's saved versions)."""
+    default = ("/content/runs" if in_colab() else f"{KAGGLE_WORKING}/runs" if in_kaggle()
+               else REPO_ROOT / "runs")
     return pathlib.Path(os.environ.get("T5NB_RUNS_DIR", default))
 
 

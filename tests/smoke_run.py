@@ -1,6 +1,6 @@
 """A short run through t5nb's whole stack: fine-tune facts_qa with the ci profile for 4 steps,
 decode and score its validation examples, then resume the run to step 8 from its checkpoint.
-tests/test_colab_path.py runs it on Colab's own versions of jax, flax, orbax and tensorflow."""
+tests/test_hosted_path.py runs it on Colab's own versions of jax, flax, orbax and tensorflow."""
 import math
 
 import t5nb

@@ -1,11 +1,13 @@
 import dataclasses
+import json
 import pathlib
+import types
 
 import pytest
 
 import t5nb
 from t5nb import profiles
-from t5nb.profiles import PROFILES, _read_profiles, detect_profile_name
+from t5nb.profiles import CHIPS, PROFILES, _read_profiles, detect_profile_name
 
 
 def test_environment_variable_picks_the_profile(monkeypatch):
@@ -15,11 +17,54 @@ def test_environment_variable_picks_the_profile(monkeypatch):
     assert t5nb.get_profile() is PROFILES["accelerator"]
 
 
-def test_unset_profile_follows_the_jax_backend(monkeypatch):
+def test_unset_profile_follows_the_first_device(monkeypatch):
     monkeypatch.delenv("T5NB_PROFILE", raising=False)
     assert detect_profile_name() == "cpu"  # the test machines have no accelerator
-    monkeypatch.setattr("jax.default_backend", lambda: "tpu")
+    monkeypatch.setattr("jax.devices", lambda *backend: [CHIPS["v5e"].device()])
     assert detect_profile_name() == "accelerator"
+
+
+# every chip of the table, and the profile a learner on it gets: bfloat16 chips the
+# accelerator course, GPUs without bfloat16 the same course sized for float32
+PROFILE_OF_CHIP = {"v5e": "accelerator", "v4": "accelerator", "v3": "accelerator", "t4": "fp32-gpu",
+                   "p100": "fp32-gpu", "l4": "accelerator", "a100": "accelerator", "h100": "accelerator",
+                   "h200": "accelerator"}
+
+
+@pytest.mark.parametrize("key", CHIPS)
+def test_each_chip_is_detected_with_its_profile_and_peak(monkeypatch, key):
+    monkeypatch.delenv("T5NB_PROFILE", raising=False)
+    device = CHIPS[key].device()
+    monkeypatch.setattr("jax.devices", lambda *backend: [device])
+    assert t5nb.get_profile() is PROFILES[PROFILE_OF_CHIP[key]]
+    assert profiles.chip_of(device) is CHIPS[key]
+    assert profiles.chip_of(types.SimpleNamespace(platform="cpu", device_kind="cpu")) is None
+
+
+def test_fp32_gpu_is_the_accelerator_course_at_smaller_sizes():
+    """Same tasks, sources and official checkpoint as the accelerator profile: 02 pretrains on
+    C4, 03 transfers to WMT, 04 answers NQ and TriviaQA."""
+    accelerator, fp32 = PROFILES["accelerator"], PROFILES["fp32-gpu"]
+    same = ("model", "vocabulary", "pretrain_task", "qa_task", "finetune_task", "official_checkpoint")
+    assert {name: getattr(fp32, name) for name in same} == {name: getattr(accelerator, name) for name in same}
+    assert fp32.pretrain_steps * fp32.batch_size * fp32.inputs_length < (
+        accelerator.pretrain_steps * accelerator.batch_size * accelerator.inputs_length)
+
+
+ESTIMATES = pathlib.Path(__file__).resolve().parents[1] / "bench" / "results" / "accelerator_estimates.json"
+
+
+def test_the_committed_estimates_are_of_these_profiles_and_every_free_chip_runs_the_course_in_an_hour():
+    """bench/accelerator_estimates.py's result, as the README shows it: computed for today's
+    profiles and chips (rerun it when they change), each setup on the profile detection gives it."""
+    result = json.loads(ESTIMATES.read_text())
+    assert result["profiles"] == {name: dataclasses.asdict(PROFILES[name]) for name in result["profiles"]}
+    for name, setup in result["setups"].items():
+        chip = next(key for key, chip in CHIPS.items() if chip.kind == setup["chip"])
+        assert dataclasses.asdict(CHIPS[chip]) == result["assumptions"]["chips"][chip]
+        assert setup["profile"] == PROFILE_OF_CHIP[chip], name
+        if "Colab" in name and "Pro" not in name or "Kaggle" in name:
+            assert setup["minutes"] <= 60 and setup["fits_in_memory"], (name, setup["minutes"])
 
 
 def test_unknown_profile_is_a_clear_error(monkeypatch):

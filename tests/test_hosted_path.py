@@ -1,5 +1,5 @@
-"""The Colab path: one repository URL (pyproject.toml) behind every badge and setup cell, and
-scripts/colab_setup.sh run over the packages a fresh Colab runtime preinstalls."""
+"""The hosted path (Colab, Kaggle): one repository URL (pyproject.toml) behind every badge and
+setup cell, and scripts/hosted_setup.sh run over the packages each runtime preinstalls."""
 import importlib.util
 import json
 import os
@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("sync_notebooks", ROOT / "scripts" / "sync_notebooks.py")
@@ -38,7 +39,8 @@ def test_no_file_names_another_repository_for_the_project():
             text = (ROOT / file).read_text(encoding="utf-8")
         except (UnicodeDecodeError, FileNotFoundError):
             continue
-        colab = re.findall(r"colab\.research\.google\.com/github/([^/\s]+/[^/\s]+)/blob/([^/\s]+)/", text)
+        colab = re.findall(r"(?:colab\.research\.google\.com/github|kaggle\.com/kernels/welcome\?src="
+                           r"https://github\.com)/([^/\s]+/[^/\s]+)/blob/([^/\s]+)/", text)
         github = re.findall(rf"github\.com/([\w.-]+/(?:{re.escape(name)}|t5nb))\b", text)
         wrong += [f"{file}: {hit}" for hit in colab if hit != (REPO, BRANCH)]
         wrong += [f"{file}: {hit}" for hit in github if hit != REPO]
@@ -50,18 +52,24 @@ def _pins(path: pathlib.Path) -> dict:
     return dict(line.strip().split("==") for line in path.open() if "==" in line and line[0] != "#")
 
 
-def test_colab_setup_keeps_colab_runtime_and_t5nb_runs_on_it(tmp_path):
-    """A fresh virtualenv of the project's Python (3.11; Colab runs 3.13) seeded with
-    requirements/colab.txt stands in for Colab's CPU runtime: after the setup script, Colab's
-    jax, flax and the rest are as they were, and t5nb trains, decodes and resumes on them."""
-    venv = tmp_path / "colab"
+# a hosted runtime -> the list of what it preinstalls (each file's header: its source and date)
+RUNTIMES = {"colab": "requirements/colab.txt", "kaggle_tpu": "requirements/kaggle_tpu.txt"}
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_hosted_setup_keeps_the_runtime_and_t5nb_runs_on_it(tmp_path, runtime):
+    """A fresh virtualenv of the project's Python (3.11; Colab runs 3.13, Kaggle 3.12) seeded
+    with the runtime's list stands in for it (Colab's CPU runtime; Kaggle's TPU image, whose
+    tensorflow-cpu has no tensorflow-text): after the setup script, the runtime's jax, flax,
+    TensorFlow and the rest are as they were, and t5nb trains, decodes and resumes on them."""
+    venv = tmp_path / runtime
     subprocess.run([sys._base_executable, "-m", "venv", venv], check=True)
     python = str(venv / "bin" / "python")
     # no bytecode compiled at install (pip's default), here and in the setup script: Python
-    # compiles what the run imports, a small part of the 180 packages
+    # compiles what the run imports, a small part of the packages
     env = {**os.environ, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "T5NB_RUNS_DIR": str(tmp_path / "runs"),
            "PIP_NO_COMPILE": "1"}
-    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "-r", ROOT / "requirements/colab.txt"],
+    subprocess.run([python, "-m", "pip", "install", "-q", "--no-deps", "-r", ROOT / RUNTIMES[runtime]],
                    check=True, env=env)
     env.pop("T5NB_PROFILE", None)  # `make test` sets ci: here t5nb detects the profile
 
@@ -71,28 +79,45 @@ def test_colab_setup_keeps_colab_runtime_and_t5nb_runs_on_it(tmp_path):
         return result.stdout
 
     def freeze() -> dict:
-        return dict(line.split("==") for line in run(python, "-m", "pip", "freeze").splitlines() if "==" in line)
+        pins = (line.split("==") for line in run(python, "-m", "pip", "freeze").splitlines() if "==" in line)
+        return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in pins}  # tensorflow_cpu
 
     probe = "import jax, jaxlib; print(jax.__version__, jaxlib.__version__, jax.default_backend())"
-    colab_jax = run(python, "-c", probe)
-    colab = freeze()
+    hosted_jax = run(python, "-c", probe)
+    hosted = freeze()
 
-    run("bash", ROOT / "scripts" / "colab_setup.sh")
-    assert run(python, "-c", probe) == colab_jax
+    run("bash", ROOT / "scripts" / "hosted_setup.sh")
+    assert run(python, "-c", probe) == hosted_jax
     after = freeze()
-    kept = {n for n in colab if n not in ("protobuf", "tensorflow-datasets")}
-    assert {n: after.get(n) for n in kept} == {n: colab[n] for n in kept}  # jax, flax, numpy, tensorflow, ...
+    kept = {n for n in hosted if n not in ("protobuf", "tensorflow-datasets")}
+    assert {n: after.get(n) for n in kept} == {n: hosted[n] for n in kept}  # jax, flax, numpy, tensorflow, ...
     lock = _pins(ROOT / "requirements" / "base.lock")
     assert "tensorflow-datasets" not in after and after["tfds-nightly"] == lock["tfds-nightly"]
+    tensorflow = hosted.get("tensorflow") or hosted["tensorflow-cpu"]
+    assert after["tensorflow-text"].split(".")[:2] == tensorflow.split(".")[:2]  # built against that TensorFlow
+    assert ("tensorflow" in after) == ("tensorflow" in hosted)  # a tensorflow-cpu is not doubled
     unmet = subprocess.run([python, "-m", "pip", "check"], capture_output=True, text=True, env=env).stdout
-    assert "t5nb" not in unmet, unmet  # pyproject.toml's lower bounds admit Colab's versions
+    provided = {"tensorflow"} if "tensorflow-cpu" in after else set()  # the same module, another name
+    unmet = [line for line in unmet.splitlines() if line.startswith("t5nb ")
+             and not any(f"requires {name}, which is not installed" in line for name in provided)]
+    assert not unmet, unmet  # pyproject.toml's lower bounds admit the runtime's versions
     out = run(python, "-c", "import t5nb; print(t5nb.get_profile().name)")
     assert out.split() == ["cpu"]
     out = run(python, ROOT / "tests" / "smoke_run.py")
     assert out.split()[-4:-2] == ["4", "8"]
 
-    run("bash", ROOT / "scripts" / "colab_setup.sh")  # every notebook's setup cell runs it again
+    run("bash", ROOT / "scripts" / "hosted_setup.sh")  # every notebook's setup cell runs it again
     assert freeze() == after
+
+
+def test_on_kaggle_runs_go_to_its_working_folder(monkeypatch):
+    from t5nb import system, workflow
+
+    monkeypatch.delenv("T5NB_RUNS_DIR", raising=False)
+    monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Interactive")
+    assert system.in_kaggle() and workflow.runs_dir() == pathlib.Path("/kaggle/working/runs")
+    monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE")
+    assert not system.in_kaggle() and workflow.runs_dir() == ROOT / "runs"
 
 
 def test_keep_runs_on_drive_mounts_drive_and_points_every_run_there(tmp_path, monkeypatch):
