@@ -17,6 +17,8 @@ import tempfile
 import nbclient
 import nbformat
 
+from t5nb.course import quiet_kernel
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 MARK = "# NBVAL_CHECK_OUTPUT"
 
@@ -46,8 +48,9 @@ def record(path: pathlib.Path) -> None:
     executed = nbformat.read(path, as_version=4)
     with tempfile.TemporaryDirectory() as runs:
         os.environ.update(T5NB_PROFILE="ci", T5NB_RUNS_DIR=runs)  # the kernel inherits them
-        nbclient.NotebookClient(executed, timeout=1800, kernel_name="python3",
-                                resources={"metadata": {"path": str(path.parent)}}).execute()
+        with quiet_kernel() as kernel:
+            nbclient.NotebookClient(executed, km=kernel, timeout=1800,
+                                    resources={"metadata": {"path": str(path.parent)}}).execute()
     notebook = json.loads(path.read_text(encoding="utf-8"))
     for cell, ran in zip(notebook["cells"], executed.cells):
         if cell["cell_type"] == "code":  # nbval compares a cell with outputs only if it was run

@@ -1,4 +1,5 @@
 """Run the course headless: execute each notebook in a fresh kernel, save it and its log."""
+import contextlib
 import json
 import os
 import pathlib
@@ -34,14 +35,26 @@ def notebook_log(nb) -> str:
     return "".join(lines)
 
 
+@contextlib.contextmanager
+def quiet_kernel():
+    """A python3 kernel's manager over local sockets (ipc): over TCP, nbclient's default, every
+    kernel warns that its traffic is unencrypted. The kernel a client starts with it is shut
+    down on leaving (nbclient shuts down only the kernels of managers it made)."""
+    with tempfile.TemporaryDirectory(prefix="t5nb-kernel-") as sockets:
+        kernel = KernelManager(kernel_name="python3", transport="ipc", ip=str(pathlib.Path(sockets) / "kernel"))
+        try:
+            yield kernel
+        finally:
+            if kernel.has_kernel:
+                kernel.shutdown_kernel(now=True)
+
+
 def run_notebook(path: pathlib.Path, out_dir: pathlib.Path, timeout: int = 3600) -> dict:
     """Execute one notebook; write `<out_dir>/<name>.ipynb` and `.log` even when it fails."""
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
     error = None
-    with tempfile.TemporaryDirectory(prefix="t5nb-kernel-") as sockets:
-        # local sockets: over TCP (the default) every kernel warns that its traffic is unencrypted
-        kernel = KernelManager(kernel_name="python3", transport="ipc", ip=str(pathlib.Path(sockets) / "kernel"))
+    with quiet_kernel() as kernel:
         client = nbclient.NotebookClient(nb, km=kernel, timeout=timeout,
                                          resources={"metadata": {"path": str(path.parent)}})
         try:

@@ -3,6 +3,7 @@ the deterministic ones nbval compares."""
 import importlib.util
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -73,6 +74,20 @@ def test_run_course_writes_notebook_log_and_results_even_on_failure(tmp_path, ca
     assert (tmp_path / "runs" / "00_demo.ipynb").exists()
     printed = capfd.readouterr()
     assert "WARNING" not in printed.out + printed.err, printed  # the kernel starts quietly (no unencrypted-TCP warning)
+    assert not _kernels_of(os.getpid())  # and is shut down when its notebook ends
+
+
+def _kernels_of(pid: int) -> list[str]:
+    """The ipykernel processes whose parent is `pid` (from /proc)."""
+    kernels = []
+    for process in pathlib.Path("/proc").glob("[0-9]*"):
+        try:
+            status, command = (process / "status").read_text(), (process / "cmdline").read_bytes()
+        except OSError:  # ended meanwhile
+            continue
+        if f"PPid:\t{pid}\n" in status and b"ipykernel" in command:
+            kernels.append(process.name)
+    return kernels
 
 
 def test_every_notebook_has_exercises_with_a_hidden_solution_and_a_check():
