@@ -3,6 +3,12 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install -q --no-deps --no-cache-dir --no-compile
+# Bytecode for every installed module, compiled once on both cores: a machine that sets
+# PYTHONDONTWRITEBYTECODE (this workplace's do) otherwise compiles TensorFlow, JAX and the rest
+# from source in every process that imports them (a small `t5nb train` run: 21 s with it, 32 s
+# without, on a 2-core AMD EPYC). Like pip's compile step, it skips a file of another Python's
+# syntax (torch ships one for 3.12).
+COMPILE := $(PY) -m compileall -qq -j 0 $(VENV)/lib
 # Identical programs (a test's worker processes, a notebook's two fine-tunings) compile once.
 export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
 # every compiled program, not only those over JAX's default of 1 s: the tests' and notebooks'
@@ -19,11 +25,13 @@ $(VENV)/.base: requirements/base.lock pyproject.toml
 	$(PIP) -r requirements/base.lock
 	$(PIP) --no-build-isolation -e .
 	$(PY) -m pip check
+	$(COMPILE) || true
 	touch $@
 
 $(VENV)/.test: $(VENV)/.base requirements/test.lock
 	$(PIP) -r requirements/test.lock
 	$(PY) -m pip check
+	$(COMPILE) || true
 	touch $@
 
 # The main job: the whole course, headless, on this machine's default profile. To publish its
