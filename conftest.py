@@ -2,8 +2,40 @@
 file runs whole on one worker, so its module fixtures are built once, except SPREAD's, whose
 tests are each a unit; the notebooks run as one unit, in order, on one worker, since each
 reads the runs the ones before it wrote. The longest units go first. (A scheduler of our own,
-since xdist's `loadgroup` marks no longer reach pytest 9's node ids.)"""
+since xdist's `loadgroup` marks no longer reach pytest 9's node ids.)
+
+Where TensorFlow is not installed (the GPU machine's image), or with
+T5NB_TESTS_WITHOUT_TENSORFLOW=1 (to rehearse that here), a test file or test that imports
+TensorFlow or a package built on it is skipped, naming it, and so is one marked
+`needs_tensorflow` (it installs TensorFlow, or runs a process that imports it): `python -m
+pytest tests` then runs every test that needs no TensorFlow."""
+import importlib.abc
+import importlib.util
+import os
+import sys
+
 import pytest
+
+# the input pipeline's packages: each imports TensorFlow
+TENSORFLOW_FAMILY = ("tensorflow", "tensorflow_text", "tensorflow_datasets", "seqio", "t5", "clu")
+
+
+class _WithoutTensorFlow(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        top = name.split(".")[0]
+        if top in TENSORFLOW_FAMILY:
+            built_on = "" if top == "tensorflow" else " (built on TensorFlow)"
+            pytest.skip(f"needs {top}{built_on}, which is not installed here", allow_module_level=True)
+
+
+WITHOUT_TENSORFLOW = (os.environ.get("T5NB_TESTS_WITHOUT_TENSORFLOW") == "1"
+                      or importlib.util.find_spec("tensorflow") is None)
+if WITHOUT_TENSORFLOW:
+    sys.meta_path.insert(0, _WithoutTensorFlow())
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "needs_tensorflow: skipped where TensorFlow is not installed")
 
 
 # the longest units first (measured: minutes each on 2 cores), so that none is left to run
@@ -24,6 +56,11 @@ def _unit(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(items):
+    if WITHOUT_TENSORFLOW:
+        skip = pytest.mark.skip(reason="needs TensorFlow, which is not installed here")
+        for item in items:
+            if item.get_closest_marker("needs_tensorflow"):
+                item.add_marker(skip)
     order = {unit: rank for rank, unit in enumerate(FIRST)}
     items.sort(key=lambda item: order.get(_file(item.nodeid), len(FIRST)))  # stable: each file keeps its order
 

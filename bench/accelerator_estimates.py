@@ -40,11 +40,12 @@ from flax import nnx  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
-from t5nb import decode, workflow  # noqa: E402
+from t5nb import decode  # noqa: E402
 from t5nb import mesh as mesh_lib  # noqa: E402
 from t5nb.model import Transformer  # noqa: E402
 from t5nb.profiles import CHIPS, compute_dtype, get_profile, profile_name_for  # noqa: E402
 from t5nb.trainer import Trainer  # noqa: E402
+from programs import course_trainers  # noqa: E402  (bench/programs.py)
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MFU = 0.4  # the fraction of a chip's roofline every program reaches (see the README)
@@ -132,17 +133,14 @@ def greedy_decoding(config, mesh, batch_size: int, lengths: dict) -> dict:
 
 def programs_in(dtype, mesh, profile) -> dict:
     """Every program of the course, computing in `dtype`, compiled for `mesh`'s chip."""
-    pretraining = workflow.pretraining_recipe(profile)
-    pretraining = Trainer(pretraining.model_config().replace(dtype=dtype), pretraining.optimizer, mesh)
-    finetune = workflow.finetune_recipe(profile, profile.qa_task, None)
-    config = finetune.model_config().replace(dtype=dtype)
-    finetuning = Trainer(config, finetune.optimizer, mesh)
-    lengths = workflow.finetune_lengths(profile)
-    batch = abstract_batch(finetuning, profile.batch_size, lengths, packed=False)
-    return {"pretrain_step": train_step(pretraining, abstract_batch(
-                pretraining, profile.batch_size, workflow.feature_lengths(profile), packed=True)),
-            "finetune_step": train_step(finetuning, batch), "eval_step": eval_step(finetuning, batch),
-            "decode_batch": greedy_decoding(config, mesh, EVAL_BATCH, lengths)}
+    costs = {}
+    for name, (trainer, lengths, packed) in course_trainers(profile, dtype, mesh).items():
+        if name == "decode_batch":
+            costs[name] = greedy_decoding(trainer.model_config, mesh, EVAL_BATCH, lengths)
+            continue
+        batch = abstract_batch(trainer, profile.batch_size, lengths, packed)
+        costs[name] = eval_step(trainer, batch) if name == "eval_step" else train_step(trainer, batch)
+    return costs
 
 
 def course(profile) -> dict:

@@ -187,11 +187,13 @@ def bench_t5nb(trainer: Trainer, params: dict, batch: dict, warmup: int, repeats
             "first_step_s": first, "xla_flops": trainer.step_flops(), **memory.report("jax")}
 
 
-def bench_hf(hf_dir: str, batch: dict, dtype: str, warmup: int, repeats: int) -> dict:
+def bench_hf(hf_dir: str, batch: dict, dtype: str, warmup: int, repeats: int, compiled: bool = False) -> dict:
+    """transformers' train step (eager, or the model through `torch.compile`)."""
     device = torch_device()
     model = transformers.T5ForConditionalGeneration.from_pretrained(hf_dir).to(device).train()
     if model.lm_head.weight is model.shared.weight and not model.config.tie_word_embeddings:
         raise RuntimeError("transformers tied lm_head to the embedding of an untied T5.1.1 model")
+    forward = torch.compile(model) if compiled else model
     optimizer = transformers.optimization.Adafactor(
         model.parameters(), lr=LEARNING_RATE, scale_parameter=True, relative_step=False, warmup_init=False)
     inputs = {name: torch.from_numpy(array.astype(np.int64)).to(device) for name, array in batch.items()}
@@ -199,10 +201,10 @@ def bench_hf(hf_dir: str, batch: dict, dtype: str, warmup: int, repeats: int) ->
 
     def step():
         with autocast:
-            loss = model(input_ids=inputs["encoder_input_tokens"],
-                         attention_mask=inputs["encoder_input_tokens"] > 0,
-                         decoder_input_ids=inputs["decoder_input_tokens"],
-                         labels=inputs["decoder_target_tokens"]).loss
+            loss = forward(input_ids=inputs["encoder_input_tokens"],
+                           attention_mask=inputs["encoder_input_tokens"] > 0,
+                           decoder_input_ids=inputs["decoder_input_tokens"],
+                           labels=inputs["decoder_target_tokens"]).loss
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -56,6 +56,7 @@ def _pins(path: pathlib.Path) -> dict:
 RUNTIMES = {"colab": "requirements/colab.txt", "kaggle_tpu": "requirements/kaggle_tpu.txt"}
 
 
+@pytest.mark.needs_tensorflow  # each runtime's TensorFlow, installed from the package registry
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_hosted_setup_keeps_the_runtime_and_t5nb_runs_on_it(tmp_path, runtime):
     """A fresh virtualenv of the project's Python (3.11; Colab runs 3.13, Kaggle 3.12) seeded

@@ -67,6 +67,28 @@ def test_the_committed_estimates_are_of_these_profiles_and_every_free_chip_runs_
             assert setup["minutes"] <= 60 and setup["fits_in_memory"], (name, setup["minutes"])
 
 
+@pytest.mark.parametrize("name", ["accelerator", "fp32-gpu", "rehearsal"])
+def test_the_benchmarks_course_programs_are_what_the_workflow_trains(name, monkeypatch):
+    """bench/programs.py builds the course's trainers from a profile alone (the GPU machine has
+    no TensorFlow): the same model, optimizer and lengths as the workflow's recipes."""
+    import jax.numpy as jnp
+
+    monkeypatch.syspath_prepend(str(ESTIMATES.parents[1]))
+    from programs import course_trainers
+
+    from t5nb import workflow
+
+    profile = PROFILES[name]
+    trainers = course_trainers(profile, jnp.float32, None)
+    pretraining, finetuning = workflow.pretraining_recipe(profile), workflow.finetune_recipe(profile, profile.qa_task, None)
+    for program, recipe in (("pretrain_step", pretraining), ("finetune_step", finetuning)):
+        trainer, lengths, packed = trainers[program]
+        assert trainer.model_config == recipe.model_config().replace(dtype=jnp.float32), program
+        assert trainer.train_config == recipe.optimizer, program
+        assert lengths == {"inputs": recipe.data.inputs_length, "targets": recipe.data.targets_length}, program
+        assert packed == (program == "pretrain_step")
+
+
 def test_unknown_profile_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("T5NB_PROFILE", "huge")
     with pytest.raises(ValueError, match="unknown profile 'huge'.*accelerator"):
