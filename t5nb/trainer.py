@@ -1,6 +1,7 @@
 """The Trainer: T5X's loss and optimizer, the train state, and the sharded, compiled train and
 eval steps of one model on one mesh (the loop that drives them is `t5nb.train`)."""
 import dataclasses
+import functools
 import math
 import time
 
@@ -104,8 +105,9 @@ class TrainState:
     opt_state: optax.OptState
 
 
+@functools.cache  # one per model: every run of it builds Trainers (a tenth of a small run's set-up)
 def _abstract_params(config: T5Config):
-    """(graphdef, parameter state) of a `config` model, nothing allocated."""
+    """(graphdef, parameter state) of a `config` model, nothing allocated; a template: copy it before changing it."""
     return nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))), nnx.Param)
 
 

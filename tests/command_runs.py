@@ -3,12 +3,14 @@ processes (test_run_folder.py): the small course recipe, its uninterrupted run (
 and the helpers that start and compare runs."""
 import os
 import pathlib
+import shutil
 import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
+from filelock import FileLock
 
 from t5nb import checkpoints, restore
 from t5nb.paths import REPO_ROOT
@@ -64,10 +66,18 @@ def wait_for_checkpoint(process, model_dir, step):
 
 
 def straight_run(tmp_path_factory):
-    """The uninterrupted run on one process with 2 devices: (parameters, run directory); each
-    test file's `straight` fixture runs it once."""
-    tmp_path = tmp_path_factory.mktemp("straight")
-    finish(start(tmp_path, tmp_path / "run", "straight", devices=2))
+    """The uninterrupted run on one process with 2 devices: (parameters, run directory). It runs
+    once per pytest session: the first xdist worker to ask runs it, into the session's shared
+    temporary folder, while the others wait for it."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # one session's workers share the parent
+    tmp_path = shared / "straight"
+    with FileLock(shared / "straight.lock"):
+        if not (tmp_path / "finished").exists():
+            shutil.rmtree(tmp_path, ignore_errors=True)
+            tmp_path.mkdir()
+            finish(start(tmp_path, tmp_path / "run", "straight", devices=2))
+            (tmp_path / "finished").touch()
     return final_params(tmp_path / "run"), tmp_path / "run"
 
 
