@@ -69,20 +69,7 @@ def pytest_xdist_make_scheduler(config, log):
     from xdist.scheduler import LoadScopeScheduling  # only a distributed run (-n) loads xdist's scheduler
 
     class ByFileNotebooksTogether(LoadScopeScheduling):
-        """Units in FIRST's order (xdist's default reorders them by their number of tests, which
-        put every one-test unit of minutes last), each given to a worker only once it is on
-        the last test of the ones it holds: longest first, to whichever worker is free."""
-
-        def __init__(self, config, log):
-            super().__init__(config, log)
-            config.option.loadscopereorder = False
-
         def _split_scope(self, nodeid: str) -> str:
             return _unit(nodeid)
-
-        def _reschedule(self, node):
-            if self.workqueue and not node.shutting_down and self._pending_of(self.assigned_work[node]) > 1:
-                return  # still busy: keep the unit for whichever worker frees first
-            super()._reschedule(node)
 
     return ByFileNotebooksTogether(config, log)
