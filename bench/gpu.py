@@ -48,7 +48,7 @@ from t5nb import mesh as mesh_lib  # noqa: E402
 from t5nb.config import get_config  # noqa: E402
 from t5nb.profiles import get_profile  # noqa: E402
 from t5nb.trainer import Trainer, TrainConfig  # noqa: E402
-from programs import course_trainers  # noqa: E402  (bench/programs.py)
+from programs import PROGRAMS, TRAIN_STEPS, course_trainers  # noqa: E402  (bench/programs.py)
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 CURVE_BATCHES = pathlib.Path(__file__).resolve().parent / "gpu_curve_batches.npz"  # made here, carried there
@@ -120,7 +120,8 @@ def train_run(config, train_config, batch_size: int, plan: dict) -> dict:
         checkpoints.save_hf(trainer.model(params), hf_dir)
         hf = {"eager": harness.bench_hf(hf_dir, batch, dtype, 1, plan["repeats"]),
               "compiled": bench_hf_compiled(hf_dir, batch, dtype, plan["repeats"])}
-    torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
     ours = harness.bench_t5nb(trainer, params, batch, 1, plan["repeats"])
     flops = harness.analytic_train_flops(config, batch_size, inputs, targets)
     result = {"dtype": dtype, "batch": batch_size, "lengths": [inputs, targets],
@@ -221,7 +222,7 @@ def run_program(profile_name: str, dtype: str, program: str) -> dict:
     profile = get_profile(profile_name)
     trainer, batch = course_programs(profile, jnp.dtype(dtype), mesh_lib.make_mesh(devices=jax.devices()[:1]))[program]
     state = trainer.init_state()
-    if program in ("pretrain_step", "finetune_step"):
+    if program in TRAIN_STEPS:
         state, out = trainer.train_step(state, trainer.shard_batch(batch))
     elif program == "eval_step":
         out = trainer.eval_step(state.params, trainer.shard_batch(batch))
@@ -232,8 +233,7 @@ def run_program(profile_name: str, dtype: str, program: str) -> dict:
     jax.block_until_ready(out)
     stats = jax.devices()[0].memory_stats() or {}
     return {"peak_device_mb": stats.get("peak_bytes_in_use", 0) / 2**20 or None,
-            "planned_mb": trainer.train_step_memory(batch) / 2**20 if program.endswith("_step") and program != "eval_step"
-            else None}
+            "planned_mb": trainer.train_step_memory(batch) / 2**20 if program in TRAIN_STEPS else None}
 
 
 def cap_section(plan: dict) -> list[dict]:
@@ -241,7 +241,7 @@ def cap_section(plan: dict) -> list[dict]:
     fraction = min(1.0, CAP_BYTES / limit) if limit else None
     rows = []
     for profile_name, dtype in plan["cap_profiles"].items():
-        for program in ("pretrain_step", "finetune_step", "eval_step", "decode_batch"):
+        for program in PROGRAMS:
             env = {**os.environ, **({"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:.4f}"} if fraction else {})}
             child = subprocess.run([sys.executable, __file__, "--child", profile_name, dtype, program],
                                    capture_output=True, text=True, env=env)

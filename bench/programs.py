@@ -4,6 +4,9 @@ tests/test_profiles.py holds them equal to what the workflow's recipes train."""
 from t5nb.config import get_config
 from t5nb.trainer import Trainer, TrainConfig
 
+TRAIN_STEPS = ("pretrain_step", "finetune_step")
+PROGRAMS = (*TRAIN_STEPS, "eval_step", "decode_batch")  # the keys of `course_trainers`
+
 
 def course_trainers(profile, dtype, mesh) -> dict:
     """name -> (Trainer, feature lengths, packed): pretraining (T5.1.1 span corruption, no

@@ -74,12 +74,13 @@ def test_the_benchmarks_course_programs_are_what_the_workflow_trains(name, monke
     import jax.numpy as jnp
 
     monkeypatch.syspath_prepend(str(ESTIMATES.parents[1]))
-    from programs import course_trainers
+    from programs import PROGRAMS, course_trainers
 
     from t5nb import workflow
 
     profile = PROFILES[name]
     trainers = course_trainers(profile, jnp.float32, None)
+    assert tuple(trainers) == PROGRAMS
     pretraining, finetuning = workflow.pretraining_recipe(profile), workflow.finetune_recipe(profile, profile.qa_task, None)
     for program, recipe in (("pretrain_step", pretraining), ("finetune_step", finetuning)):
         trainer, lengths, packed = trainers[program]
