@@ -1,6 +1,6 @@
-"""`t5nb train` in processes of its own (forked from fork_server.py), for the tests that kill, resume and run it on several
-processes (test_run_folder.py): the small course recipe, its uninterrupted run (`straight_run`)
-and the helpers that start and compare runs."""
+"""`t5nb train` in processes of its own (forked from fork_server.py), for the tests that kill,
+resume and run it on several processes (test_run_folder.py): the small course recipe, its
+uninterrupted run (`straight_run`) and the helpers that start and compare runs."""
 import atexit
 import json
 import os
