@@ -31,7 +31,25 @@ def headlines(r: dict) -> dict[str, str]:
                              f"**{qa['scratch']['em']:.1f}%** from random init ({qa['pretrained']['examples']:,} questions)",
         "05_evaluation": f"teacher-forced token accuracy {ev['teacher_forced']['accuracy']:.2f}; decoded EM "
                          f"{ev['decoded']['em']:.1f}%",
+        "06_knowledge_capacity": knowledge(r["06_knowledge_capacity"]),
     }
+
+
+def knowledge(kc: dict) -> str:
+    """06's three results in a line."""
+    ssm, best = kc["ssm"], max(kc["capacity"], key=lambda row: row["bits_per_parameter"])
+    sizes = sorted(kc["sizes"].values(), key=lambda row: row["parameters"])
+    return (f"held-out EM **{ssm['span corruption + SSM']['em']:.1f}%** with SSM, {ssm['span corruption']['em']:.1f}% "
+            f"without; by size " + ", ".join(f"{row['em']:.1f}% ({row['parameters'] / 1e6:.2f} M)" for row in sizes)
+            + f"; at most **{best['bits_per_parameter']:.3f} bits per parameter** after "
+            f"{min(row['exposures'] for row in kc['capacity']):.0f} exposures")
+
+
+def findings(r: dict) -> list[str]:
+    """06's results beside the papers', one row each, as the notebook recorded them."""
+    return ["| 06: result | here | the paper | agree |", "|---|---|---|---|",
+            *(f"| {row['result']} | {row['ours']} | {row['paper']} | {row['agree']} |"
+              for row in r["06_knowledge_capacity"]["findings"])]
 
 
 def methods(r: dict) -> list[str]:
@@ -44,13 +62,14 @@ def methods(r: dict) -> list[str]:
 
 
 def table(results: dict) -> str:
-    """The markdown between the markers: total wall time, one row per training notebook, and
-    03's fine-tuning methods."""
+    """The markdown between the markers: total wall time, one row per training notebook, 03's
+    fine-tuning methods and 06's results beside the papers'."""
     total = sum(entry["wall_s"] for entry in results.values())
     rows = [f"| `{name}` | {results[name]['wall_s']:.0f} s | {line} |" for name, line in headlines(results).items()]
     return "\n".join([f"`make course` took {int(total // 60)} min {total % 60:.0f} s in all "
                       "(`docs/course_results.json` holds its numbers):", "",
-                      "| notebook | wall | headline |", "|---|---:|---|", *rows, "", *methods(results)])
+                      "| notebook | wall | headline |", "|---|---:|---|", *rows, "", *methods(results), "",
+                      *findings(results)])
 
 
 def render(readme: str, results: dict) -> str:

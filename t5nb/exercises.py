@@ -7,7 +7,7 @@ import math
 import jax
 import numpy as np
 
-from t5nb import checkpoints, config, tasks
+from t5nb import capacity, checkpoints, config, tasks
 
 
 def _parameters(preset: str, **changes) -> int:
@@ -44,6 +44,9 @@ EXERCISES = {
              lambda greedy, beam_of_one: bool(np.array_equal(np.asarray(greedy), np.asarray(beam_of_one))), None),
     "05.2": ("points by which teacher-forced token accuracy (%) exceeds decoded EM",
              lambda forced, decoded: 100 * forced["accuracy"] - decoded["em"], 1e-6),
+    "06.1": ("number of bits in the facts of a world of 1,000 people", lambda: capacity.world_bits(1000), 0.01),
+    "06.2": ("number of bits held about 100 people's birth years at a mean loss of 2 bits",
+             lambda: capacity.stored_bits({"birth_year": [2 * math.log(2)] * 100})["birth_year"], 0.01),
 }
 
 

@@ -1,5 +1,5 @@
 """Notebook plots: a live training plot (d2l's Animator, redrawn only at the loop's log points), 03's
-sample-efficiency curve and its comparison of fine-tuning methods."""
+sample-efficiency curve and its comparison of fine-tuning methods, 06's knowledge against model size."""
 import matplotlib.pyplot as plt
 
 from t5nb.train import DECODED, VALIDATION
@@ -96,5 +96,34 @@ def fine_tuning_methods(table: dict, metric: str):
         axis.annotate(method, (row["trained_parameters"], row[metric]), textcoords="offset points", xytext=(6, 4))
     axis.set(xscale="log", xlabel="parameters trained", ylabel=f"held-out {metric}",
              title="full fine-tuning, LoRA, prompt tuning")
+    plt.close(figure)
+    return figure
+
+
+def em_against_parameters(sizes: dict):
+    """`capacity.size_sweep`'s table: held-out-people EM against the model's parameters (log scale)."""
+    figure, axis = plt.subplots(figsize=(5.0, 3.4))
+    rows = sorted(sizes.values(), key=lambda row: row["parameters"])
+    axis.plot([row["parameters"] for row in rows], [row["em"] for row in rows], marker="o")
+    axis.set(xscale="log", xlabel="parameters", ylabel="held-out-people EM (%)", title="closed-book QA by model size")
+    plt.close(figure)
+    return figure
+
+
+def bits_against_parameters(rows: list, bits_per_parameter: float = 2.0):
+    """`capacity.capacity_grid`'s rows: the bits each model holds against its parameters, one line
+    per world size (its bits dotted), and the line of `bits_per_parameter` (Allen-Zhu and Li's 2)."""
+    figure, axis = plt.subplots(figsize=(5.6, 3.8))
+    parameters = sorted({row["parameters"] for row in rows})
+    for people in sorted({row["people"] for row in rows}):
+        own = sorted((row for row in rows if row["people"] == people), key=lambda row: row["parameters"])
+        line, = axis.plot([row["parameters"] for row in own], [row["stored_bits"] for row in own], marker="o",
+                          label=f"{people:,} people")
+        axis.axhline(own[0]["world_bits"], color=line.get_color(), linestyle=":", linewidth=1)
+    axis.plot(parameters, [bits_per_parameter * n for n in parameters], color="black", linestyle="--",
+              label=f"{bits_per_parameter:g} bits per parameter")
+    axis.set(xscale="log", yscale="symlog", xlabel="parameters", ylabel="bits stored",
+             title="knowledge held (dotted: all the world holds)")
+    axis.legend(fontsize="small")
     plt.close(figure)
     return figure

@@ -38,6 +38,12 @@ class Profile:
     eval_batches: int  # validation batches per such evaluation
     decoded_sample: int  # validation examples answered at each such evaluation of a fine-tuning run
     matmul_size: int  # side of the square matmul 00_setup times
+    knowledge_widths: list  # 06: the widths (d_model, on T5.1.1-mini's shape) pretrained, then fine-tuned for QA
+    knowledge_steps: int  # 06: steps of each of those pretrainings (the profile's batch and lengths)
+    ssm_width: int  # 06: the width pretrained with span corruption alone and with salient span masking
+    capacity_people: list  # 06: the sizes of the worlds memorised
+    capacity_widths: list  # 06: the widths that memorise them
+    capacity_exposures: int  # 06: how often each fact is seen while memorising
     eval_examples: int | None  # validation examples decoded per evaluation (None: all)
     official_checkpoint: str | None  # a published T5.1.1 model of this vocabulary (03, 04), or None
 

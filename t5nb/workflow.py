@@ -55,8 +55,9 @@ def finetune_lengths(profile: Profile) -> dict:
     return {"inputs": profile.finetune_inputs_length, "targets": profile.finetune_targets_length}
 
 
-def pretraining_dir(profile: Profile) -> pathlib.Path:
-    return runs_dir() / profile.name / "pretraining"
+def pretraining_dir(profile: Profile, name: str = "") -> pathlib.Path:
+    """The run directory of `pretraining_recipe(profile, name=name)`."""
+    return runs_dir() / profile.name / f"pretraining{'_' + name if name else ''}"
 
 
 def finetune_dir(profile: Profile, task, name: str = "") -> pathlib.Path:
@@ -69,17 +70,21 @@ def pretraining_batches(profile: Profile) -> tasks.BatchIterator:
     return tasks.BatchIterator(profile.pretrain_task, feature_lengths(profile), profile.batch_size)
 
 
-def pretraining_recipe(profile: Profile, num_steps: int | None = None) -> Recipe:
+def pretraining_recipe(profile: Profile, num_steps: int | None = None, *, task: str | None = None,
+                       model: dict | None = None, name: str = "") -> Recipe:
     """T5.1.1 span-corruption pretraining (the profile's task, model, batch and lengths): no
     dropout, Adafactor with T5X's rsqrt decay (1e-2 for 10k steps), four checkpoints, into
-    `pretraining_dir`."""
+    `pretraining_dir`. A variant (06's) trains on another `task`, changes `model` (a preset
+    and/or T5Config fields) and goes to `pretraining_dir(profile, name)`."""
     steps = num_steps or profile.pretrain_steps
-    return Recipe(model={"preset": profile.model, "dropout_rate": 0.0},
-                  data=Data(profile.pretrain_task, profile.inputs_length, profile.targets_length, profile.batch_size),
+    return Recipe(model={"preset": profile.model, "dropout_rate": 0.0, **(model or {})},
+                  data=Data(task or profile.pretrain_task, profile.inputs_length, profile.targets_length,
+                            profile.batch_size),
                   optimizer=TrainConfig(warmup_steps=10_000),
-                  run=Run(str(pretraining_dir(profile)), steps, checkpoint_every=max(1, profile.pretrain_steps // 4),
-                          log_every=25, eval_every=profile.eval_every, eval_batches=profile.eval_batches),
-                  source=f"workflow.pretraining_recipe({profile.name!r})")
+                  run=Run(str(pretraining_dir(profile, name)), steps,
+                          checkpoint_every=max(1, profile.pretrain_steps // 4), log_every=25,
+                          eval_every=profile.eval_every, eval_batches=profile.eval_batches),
+                  source=f"workflow.pretraining_recipe({profile.name!r}{', name=' + repr(name) if name else ''})")
 
 
 def pretraining_trainer(profile: Profile) -> Trainer:

@@ -8,12 +8,13 @@
 | `facts_qa` | `trivia question: <question>` -> answer; validation = held-out people; EM/F1 |
 | `facts_fact_check` | `fact check: <statement>` -> `true`/`false`; validation = held-out people |
 | `facts_slot_filling` | `slot filling: <name>; <relation>` -> the value (KILT's slot filling); validation = held-out people; accuracy |
+| `facts_world<N>` | (`register_world_task(N)`) salient span masking over a world of N people made in memory; validation = every fact once, the probe of `t5nb.capacity` |
 
 With the byte vocabulary the names end in `_byte` (`facts_qa_byte`, ...).
 """
 from t5nb.tasks import world
 from t5nb.tasks.custom import in_memory_source, read_examples
-from t5nb.tasks.pieces import add_mixture, add_task
+from t5nb.tasks.pieces import add_mixture, add_task, is_registered
 from t5nb.tasks.vocab import DATA_DIR
 
 VOCABULARY_SUFFIXES = {"facts": "", "byte": "_byte"}
@@ -60,3 +61,19 @@ def register_facts_tasks() -> list[str]:
         add_mixture(PRETRAINING + suffix, [(task + suffix, rate) for task, rate in PRETRAINING_RATES.items()])
         names.append(PRETRAINING + suffix)
     return names
+
+
+def register_world_task(num_people: int) -> str:
+    """Register (once) and name `facts_world<num_people>`: salient span masking on the corpus of a
+    world of `num_people` people made in memory (`world.make_people`, deterministic; `data/`'s
+    world is the one of 400), every sentence an example. Its validation split states every fact
+    once (`world.probe_statements`), in order: what `t5nb.capacity` scores."""
+    name = f"facts_world{num_people}"
+    if is_registered(name):
+        return name
+    people = world.make_people(num_people)
+    sentences = [{"targets": sentence} for paragraph in world.corpus(people) for sentence in world.sentences(paragraph)]
+    probes = [{"targets": sentence} for sentence in world.probe_statements(people)]
+    add_task(name, in_memory_source({"train": sentences, "validation": probes}), objective="salient_span_masking",
+             vocabulary="facts", salient_spans=world.salient_spans_pattern())
+    return name

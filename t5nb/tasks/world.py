@@ -16,6 +16,9 @@ when its task is registered, not written as a file of its own.
 Regenerate everything in `data/` (deterministic, byte for byte):
 
     python -m t5nb.tasks --out data
+
+A world of another size (`make_people(N)`, `--people N`) is drawn by the same generator;
+notebook 06 makes several in memory (`tasks.register_world_task`).
 """
 import argparse
 import dataclasses
@@ -176,6 +179,13 @@ def statement(person: Person, relation: str, value: str, rng: random.Random) -> 
     return rng.choice(RELATIONS[relation][1]).format(name=person.name, value=value)
 
 
+def probe_statements(people: list[Person]) -> list[str]:
+    """Every fact of `people` stated once, in its relation's first paraphrase: person by person,
+    relation by relation (`RELATIONS`' order). What a knowledge probe asks about."""
+    return [RELATIONS[relation][1][0].format(name=person.name, value=person.facts[relation])
+            for person in people for relation in RELATIONS]
+
+
 def corpus(people: list[Person], seed: int | str = SEED, paragraphs_per_person: int = PARAGRAPHS_PER_PERSON) -> list[str]:
     """Pretraining paragraphs: each person several times, shuffled facts and paraphrases."""
     rng = random.Random(seed)
@@ -269,11 +279,12 @@ def _write_jsonl(path: pathlib.Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
 
 
-def write_world(out: str | pathlib.Path) -> dict:
-    """Write facts, corpus, QA and fact-check splits to `out`; return their paths by name."""
+def write_world(out: str | pathlib.Path, num_people: int = NUM_PEOPLE) -> dict:
+    """Write facts, corpus, QA and fact-check splits of a world of `num_people` to `out`; return
+    their paths by name."""
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    people = make_people()
+    people = make_people(num_people)
     paths = {
         "facts": out / "facts.jsonl",
         "corpus": out / "facts_corpus.txt",
@@ -299,8 +310,9 @@ def write_world(out: str | pathlib.Path) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="Regenerate the facts world and its vocabulary.")
     parser.add_argument("--out", default="data", help="folder to write (default: data)")
+    parser.add_argument("--people", type=int, default=NUM_PEOPLE, help=f"people in the world (default: {NUM_PEOPLE})")
     args = parser.parse_args(argv)
-    paths = write_world(args.out)
+    paths = write_world(args.out, args.people)
     train_vocabulary(vocabulary_texts(paths), pathlib.Path(args.out) / "facts_spm")
     for path in sorted(pathlib.Path(args.out).iterdir()):
         print(f"{path}  {path.stat().st_size:,} bytes")

@@ -1,0 +1,232 @@
+"""How much knowledge fits in the parameters: notebook 06's measurements on the facts world.
+
+Roberts, Raffel and Shazeer (2020) ask how much knowledge a language model packs into its
+parameters: closed-book QA improves with model size and with salient span masking (SSM) in
+pretraining. Allen-Zhu and Li (Physics of Language Models, Part 3.3, 2024) count it in bits on
+synthetic people whose facts are drawn uniformly, as the facts world's are: a fact whose value is
+one of |V| equally likely values holds log2 |V| bits, and a model holds, of a relation known
+about N people, at least
+
+    N * (log2 |V| - L / ln 2) bits,
+
+where L is its mean loss (nats) on the value given the rest of the sentence (`stored_bits`;
+a relation it predicts worse than the prior counts 0). They find about 2 bits per parameter once
+each fact has been seen about 1,000 times (about 1 bit at 100 exposures).
+
+- `pretraining_comparison`: pretraining with span corruption alone and with SSM, the same
+  steps, then the same closed-book fine-tuning: held-out-people exact match of each.
+- `size_sweep`: the same for models of several widths.
+- `capacity_grid`: models of several widths memorise worlds of several sizes by SSM, a fixed
+  number of exposures per fact; the bits each holds (`knowledge_bits`).
+"""
+import math
+
+import numpy as np
+
+from t5nb import decode, evaluate, tasks
+from t5nb.checkpoints import abstract_params
+from t5nb.recipe import Data, Recipe, Run
+from t5nb.tasks import world
+from t5nb.tasks.offline import PRETRAINING, QA, SPAN_CORRUPTION
+from t5nb.train import run_recipe
+from t5nb.trainer import TrainConfig
+from t5nb.workflow import (finetune_and_evaluate, pretrained_checkpoint, pretraining_dir, pretraining_recipe,
+                           record_headline, runs_dir)
+
+# The models of 06 are T5.1.1-mini's shape (3 + 3 layers, 2 heads, gated-GELU MLP) at another
+# width: mini is width 128.
+WIDTH_BASE = "t5.1.1-mini"
+# SSM examples of the facts world are one short sentence each (at most 14 tokens with EOS in a
+# world of 1,600; the value and its sentinel 4): unpacked, one exposure of a fact per example.
+FACT_LENGTHS = {"inputs": 24, "targets": 6}
+# Memorising: 128 facts a step at a constant 3e-2 (a width-16 model, a world of 250, 40
+# exposures: 65% of the world's bits, where T5's 1e-2 stored 42% and 1e-1 12%).
+MEMORISATION_BATCH = 128
+MEMORISATION_LEARNING_RATE = 3e-2
+PRETRAINING_OBJECTIVES = {"span corruption": SPAN_CORRUPTION, "span corruption + SSM": PRETRAINING}
+
+
+def width_model(width: int) -> dict:
+    """The model changes that make `WIDTH_BASE` `width` wide (emb_dim; heads of width/2, MLP 4x)."""
+    return {"preset": WIDTH_BASE, "emb_dim": width, "head_dim": max(1, width // 2), "mlp_dim": 4 * width}
+
+
+EMBEDDINGS = ("token_embedder/embedding", "decoder/logits_dense/kernel")  # T5.1.1's two, untied
+
+
+def parameter_counts(config) -> dict:
+    """A model's parameters, all of them and those outside the two embeddings."""
+    shapes = abstract_params(config)
+    total = sum(shape.size for shape in shapes.values())
+    return {"parameters": total, "non_embedding": total - sum(shapes[name].size for name in EMBEDDINGS)}
+
+
+# -- bits ----------------------------------------------------------------------------------------
+def value_bits(relation: str) -> float:
+    """The information in one fact of `relation`: log2 of its number of (uniform) values."""
+    return math.log2(len(world.RELATIONS[relation][0]))
+
+
+def world_bits(num_people: int) -> float:
+    """The information in a world's facts: every person's five values, each uniform."""
+    return num_people * sum(value_bits(relation) for relation in world.RELATIONS)
+
+
+def stored_bits(losses: dict) -> dict:
+    """Bits held per relation (Allen-Zhu and Li's bound): for each relation, its losses (nats,
+    one per person) -> N * max(0, log2 |V| - mean loss / ln 2)."""
+    return {relation: len(loss) * max(0.0, value_bits(relation) - float(np.mean(loss)) / math.log(2))
+            for relation, loss in losses.items()}
+
+
+def fact_losses(model, task: str, batch_size: int = 512) -> dict:
+    """The model's loss (nats) on every fact of a `register_world_task` world, by relation: the
+    value's tokens (with the sentinel before and EOS after) given the sentence that hides it."""
+    examples = evaluate.task_examples(task, FACT_LENGTHS)
+    inputs, targets = (np.stack([np.pad(e[key], (0, FACT_LENGTHS[key] - len(e[key]))) for e in examples])
+                       for key in ("inputs", "targets"))
+    scores = np.concatenate([np.asarray(decode.score(model, inputs[i:i + batch_size], targets[i:i + batch_size]))
+                             for i in range(0, len(examples), batch_size)])
+    relations = list(world.RELATIONS)
+    return {relation: -scores[index::len(relations)] for index, relation in enumerate(relations)}
+
+
+# -- the three measurements ----------------------------------------------------------------------
+def _closed_book_em(profile, init, name: str) -> float:
+    """Held-out-people exact match of `init` fine-tuned on the facts world's training questions."""
+    _, _, metrics = finetune_and_evaluate(profile, QA, init, name=name, record=False)
+    return metrics["em"]
+
+
+def _pretraining(profile, task: str, width: int):
+    """`profile.knowledge_steps` of pretraining on `task` at `width`: its run directory, the name
+    of its closed-book fine-tuning and its model's configuration; notebook 02's run where that is
+    the same run, else one of 06's own."""
+    name = f"{task}_w{width}"
+    recipe = pretraining_recipe(profile, profile.knowledge_steps, task=task, model=width_model(width), name=name)
+    base = pretraining_recipe(profile)
+    if (recipe.model_config(), recipe.data, recipe.run.steps) == (base.model_config(), base.data, base.run.steps):
+        return pretrained_checkpoint(profile), "pretrained", recipe.model_config()  # 04's fine-tuning of it too
+    run_recipe(recipe)
+    return pretraining_dir(profile, name), name, recipe.model_config()
+
+
+def pretraining_comparison(profile) -> dict:
+    """Closed-book EM after span corruption alone and after span corruption + SSM, the same
+    steps at `profile.ssm_width`; recorded as the headline `ssm`."""
+    width, table = profile.ssm_width, {}
+    for label, task in PRETRAINING_OBJECTIVES.items():
+        run, name, _ = _pretraining(profile, task, width)
+        table[label] = {"width": width, "steps": profile.knowledge_steps, "em": _closed_book_em(profile, run, name)}
+    record_headline(ssm=table)
+    return table
+
+
+def size_sweep(profile) -> dict:
+    """Closed-book EM after the same span corruption + SSM pretraining, for each width of
+    `profile.knowledge_widths`: {width: parameter counts and "em"}; recorded as the headline `sizes`."""
+    table = {}
+    for width in profile.knowledge_widths:
+        run, name, config = _pretraining(profile, PRETRAINING, width)
+        table[width] = {**parameter_counts(config), "em": _closed_book_em(profile, run, name)}
+    record_headline(sizes=table)
+    return table
+
+
+def memorisation_recipe(profile, num_people: int, width: int) -> Recipe:
+    """SSM on a world of `num_people` until each fact has been seen `profile.capacity_exposures`
+    times (unpacked: one fact per example), at `width`; Adafactor at `MEMORISATION_LEARNING_RATE`."""
+    task = tasks.register_world_task(num_people)
+    batch = MEMORISATION_BATCH
+    steps = math.ceil(profile.capacity_exposures * num_people * len(world.RELATIONS) / batch)
+    return Recipe(model={**width_model(width), "dropout_rate": 0.0},
+                  data=Data(task, FACT_LENGTHS["inputs"], FACT_LENGTHS["targets"], batch, pack=False),
+                  optimizer=TrainConfig(learning_rate=MEMORISATION_LEARNING_RATE),
+                  run=Run(str(runs_dir() / profile.name / "capacity" / f"{num_people}_people_w{width}"), steps,
+                          checkpoint_every=steps, keep_checkpoints=1, log_every=max(1, steps // 10)),
+                  source=f"capacity.memorisation_recipe({profile.name!r}, {num_people}, {width})")
+
+
+def knowledge_bits(profile, num_people: int, width: int, on_log=None) -> dict:
+    """Train `memorisation_recipe` (resumed if it exists), then count the bits its model holds."""
+    recipe = memorisation_recipe(profile, num_people, width)
+    trainer, result = run_recipe(recipe, on_log=on_log)
+    losses = fact_losses(trainer.model(result.state.params), recipe.data.task)
+    stored, counts = sum(stored_bits(losses).values()), parameter_counts(trainer.model_config)
+    facts = num_people * len(world.RELATIONS)
+    return {"people": num_people, "width": width, **counts, "world_bits": world_bits(num_people),
+            "stored_bits": stored, "bits_per_parameter": stored / counts["parameters"],
+            "exposures": recipe.run.steps * recipe.data.batch_size / facts}
+
+
+def capacity_grid(profile, on_log=None) -> list[dict]:
+    """`knowledge_bits` for every world size of `profile.capacity_people` and width of
+    `profile.capacity_widths`; recorded as the headline `capacity`."""
+    rows = [knowledge_bits(profile, people, width, on_log)
+            for width in profile.capacity_widths for people in profile.capacity_people]
+    record_headline(capacity=rows)
+    return rows
+
+
+# -- beside the papers ---------------------------------------------------------------------------
+PAPERS = {
+    "ssm": "Roberts et al. (2020): salient span masking improves closed-book QA on Natural Questions, "
+           "WebQuestions and TriviaQA",
+    "sizes": "Roberts et al. (2020): closed-book accuracy grows with model size, T5-Base to T5-11B",
+    "capacity": "Allen-Zhu and Li (2024): about 2 bits per parameter at 1,000 exposures per fact, about 1 at 100",
+}
+
+
+def ssm_finding(ssm: dict) -> dict:
+    """`pretraining_comparison`'s result beside Roberts et al.'s, and whether they agree."""
+    with_ssm, without = ssm["span corruption + SSM"], ssm["span corruption"]
+    gain = with_ssm["em"] - without["em"]
+    return {"result": "salient span masking", "paper": PAPERS["ssm"],
+            "ours": (f"held-out-people EM {with_ssm['em']:.1f}% after span corruption + SSM, "
+                     f"{without['em']:.1f}% after span corruption alone ({gain:+.1f} points; width "
+                     f"{with_ssm['width']}, {with_ssm['steps']:,} steps)"),
+            "agree": "yes" if gain > 0 else "no: SSM did not help at this width and length"}
+
+
+def size_finding(sizes: dict) -> dict:
+    """`size_sweep`'s result beside Roberts et al.'s, and whether they agree."""
+    rows = sorted(sizes.values(), key=lambda row: row["parameters"])
+    rising = all(later["em"] >= earlier["em"] for earlier, later in zip(rows, rows[1:]))
+    return {"result": "model size", "paper": PAPERS["sizes"],
+            "ours": "held-out-people EM " + ", ".join(f"{row['em']:.1f}% at {row['parameters']:,} parameters"
+                                                      for row in rows),
+            "agree": ("one size only: nothing to compare" if len(rows) < 2 else "yes" if rising
+                      else "no: EM did not rise with every size step")}
+
+
+def capacity_finding(grid: list) -> dict:
+    """`capacity_grid`'s result beside Allen-Zhu and Li's 2 bits per parameter, and why it is
+    near it or not."""
+    best = max(grid, key=lambda row: row["bits_per_parameter"])
+    exposures = min(row["exposures"] for row in grid)
+    largest, smallest = max(row["world_bits"] for row in grid), min(row["parameters"] for row in grid)
+    reasons = []
+    if exposures < 1000:
+        reasons.append(f"{exposures:.0f} exposures are short of the 1,000 the law needs")
+    if largest < 2 * smallest:
+        reasons.append(f"the largest world ({largest:,.0f} bits) holds fewer than 2 bits per parameter of the "
+                       f"smallest model ({smallest:,} parameters), so no model here can show its capacity")
+    return {"result": "bits per parameter", "paper": PAPERS["capacity"],
+            "ours": (f"at most {best['bits_per_parameter']:.3f} bits per parameter ({best['stored_bits']:,.0f} of "
+                     f"{best['world_bits']:,.0f} bits; width {best['width']}, {best['people']:,} people) after "
+                     f"{exposures:.0f} exposures per fact"),
+            "agree": ("yes" if best["bits_per_parameter"] >= 1.5
+                      else "below the law: " + "; ".join(reasons or ["the models are under-trained"]))}
+
+
+def say(finding: dict) -> str:
+    """A finding in three lines: ours, the paper's, whether they agree."""
+    return f"Here: {finding['ours']}.\n{finding['paper']}.\nAgree: {finding['agree']}."
+
+
+def findings(ssm: dict, sizes: dict, grid: list) -> list[dict]:
+    """The three results beside the papers' (each: result, ours, paper, agree); recorded as the
+    headline `findings`, which the README's table shows."""
+    rows = [ssm_finding(ssm), size_finding(sizes), capacity_finding(grid)]
+    record_headline(findings=rows)
+    return rows
