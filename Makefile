@@ -57,7 +57,7 @@ REHEARSAL_LOG := $(CURDIR)/runs/test-rehearsal.log
 # One pytest worker more than cores: a test spends much of its time in one thread (imports, XLA's
 # compiler, the kill matrix's and hosted setups' chains of processes), so a third worker keeps
 # the second core busy (2-core AMD EPYC, fresh clones: 148% of the cores with 2 workers, 179%
-# with 3, and 2 min less in all with more tests).
+# with 3, and 2 min less in all with more tests; 4 workers gained nothing more).
 WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: $(VENV)/.test
 	rm -rf runs/test-ci $(REHEARSAL) $(REHEARSAL_LOG)* $(STANDINS)
