@@ -7,11 +7,11 @@ import math
 import jax
 import numpy as np
 
-from t5nb import capacity, checkpoints, config, tasks
+from t5nb import capacity, config, tasks
 
 
 def _parameters(preset: str, **changes) -> int:
-    return sum(p.size for p in checkpoints.abstract_params(config.get_config(preset, **changes)).values())
+    return capacity.parameter_counts(config.get_config(preset, **changes))["parameters"]
 
 
 # name -> (question, expected(**context), tolerance: None for equality, else absolute)
