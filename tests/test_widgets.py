@@ -22,12 +22,13 @@ def test_ask_widget_shows_the_answer_of_the_predictor():
 
 
 def test_tensorboard_serves_the_run_and_stops_with_the_kernel(tmp_path):
-    """In a process standing in for the kernel: the server it starts answers for `logdir`, and
-    is gone once that process exits."""
-    script = ("import json, urllib.request\nfrom tensorboard import manager\nfrom t5nb import widgets\n"
-              "before = {info.pid for info in manager.get_all()}\n"
+    """In a process standing in for the kernel: the server it starts and shows answers for
+    `logdir`, and is gone once that process exits. Other servers may start meanwhile (the
+    rehearsal's notebooks run beside the tests), so the server is the one on the shown port."""
+    script = ("import json, urllib.request\nfrom tensorboard import manager, notebook\nfrom t5nb import widgets\n"
+              "shown = []\nnotebook.display = lambda port, height: shown.append(port)  # the port it shows\n"
               f"widgets.tensorboard({str(tmp_path / 'a')!r}, {str(tmp_path / 'b')!r})\n"
-              "info = next(info for info in manager.get_all() if info.pid not in before)\n"
+              "info = next(info for info in manager.get_all() if info.port == shown[0])\n"
               "runs = json.load(urllib.request.urlopen(f'http://localhost:{info.port}/data/environment'))\n"
               "print(info.pid, runs['data_location'])\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
