@@ -68,7 +68,7 @@ test: $(VENV)/.test
 	   --durations=10 > $(REHEARSAL_LOG) 2>&1; echo $$? > $(REHEARSAL_LOG).status) & \
 	else echo "rehearsal skipped: no official T5 vocabulary in T5NB_DATA_DIR ($${T5NB_DATA_DIR:-../shared/data})" \
 	  | tee $(REHEARSAL_LOG); echo 0 > $(REHEARSAL_LOG).status; fi; \
-	T5NB_PROFILE=ci T5NB_RUNS_DIR=$(CURDIR)/runs/test-ci $(PY) -m pytest -n $(WORKERS) \
+	T5NB_PROFILE=ci T5NB_RUNS_DIR=$(CURDIR)/runs/test-ci $(PY) -m pytest -n $(WORKERS) --no-loadscope-reorder \
 	  tests notebooks --nbval-lax --nbval-current-env --durations=20; code=$$?; \
 	wait; echo "== the rehearsal (T5NB_PROFILE=rehearsal, 8 simulated devices)"; cat $(REHEARSAL_LOG); \
 	rehearsal=$$(cat $(REHEARSAL_LOG).status); if [ $$code -eq 0 ]; then exit $$rehearsal; fi; exit $$code
