@@ -51,14 +51,15 @@ def width_model(width: int) -> dict:
     return {"preset": WIDTH_BASE, "emb_dim": width, "head_dim": max(1, width // 2), "mlp_dim": 4 * width}
 
 
-EMBEDDINGS = ("token_embedder/embedding", "decoder/logits_dense/kernel")  # T5.1.1's two, untied
+EMBEDDINGS = ("token_embedder/embedding", "decoder/logits_dense/kernel")  # T5.1.1's two, untied; T5 1.0 ties them
 
 
 def parameter_counts(config) -> dict:
     """A model's parameters, all of them and those outside the two embeddings."""
     shapes = abstract_params(config)
     total = sum(shape.size for shape in shapes.values())
-    return {"parameters": total, "non_embedding": total - sum(shapes[name].size for name in EMBEDDINGS)}
+    embeddings = sum(shapes[name].size for name in EMBEDDINGS if name in shapes)
+    return {"parameters": total, "non_embedding": total - embeddings}
 
 
 # -- bits ----------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import math
 import jax
 import numpy as np
 
-from t5nb import capacity, config, tasks
+from t5nb import capacity, config, model, tasks
 
 
 def _parameters(preset: str, **changes) -> int:
@@ -29,6 +29,10 @@ EXERCISES = {
              lambda: -float(jax.nn.log_softmax(np.array([1.0, 2.0, 3.0]))[0]), 1e-4),
     "02.2": ("steps at which the pretraining run keeps checkpoints, ascending",
              lambda model_dir: sorted(int(p.name) for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit()),
+             None),
+    "02.3": ("the encoder's relative position bucket for a key 20 positions before its query",
+             lambda config: int(model.relative_position_bucket(
+                 np.array(-20), True, config.relative_attention_num_buckets, config.relative_attention_max_distance)),
              None),
     "03.1": ("the number of parameters the LoRA run trains",
              lambda methods: methods["lora"]["trained_parameters"], None),

@@ -1,7 +1,10 @@
-"""Notebook plots: a live training plot (d2l's Animator, redrawn only at the loop's log points), 03's
-sample-efficiency curve and its comparison of fine-tuning methods, 06's knowledge against model size."""
+"""Notebook plots: a live training plot (d2l's Animator, redrawn only at the loop's log points), 02's
+look inside T5 (position buckets, attention masks), 03's sample-efficiency curve and its comparison of
+fine-tuning methods, 06's knowledge against model size."""
 import matplotlib.pyplot as plt
+import numpy as np
 
+from t5nb.model import relative_position_bucket
 from t5nb.train import DECODED, VALIDATION
 
 
@@ -125,5 +128,32 @@ def bits_against_parameters(rows: list, bits_per_parameter: float = 2.0):
     axis.set(xscale="log", yscale="symlog", xlabel="parameters", ylabel="bits stored",
              title="knowledge held (dotted: all the world holds)")
     axis.legend(fontsize="small")
+    plt.close(figure)
+    return figure
+
+
+def relative_position_buckets(config, span: int = 160):
+    """The bucket of each offset key - query in [-span, span]: the encoder's (both directions)
+    and the decoder's (the past only), as `config` sorts them."""
+    offsets = np.arange(-span, span + 1)
+    figure, axis = plt.subplots(figsize=(6.4, 3.2))
+    for bidirectional, label in ((True, "encoder"), (False, "decoder")):
+        buckets = relative_position_bucket(offsets, bidirectional, config.relative_attention_num_buckets,
+                                           config.relative_attention_max_distance)
+        axis.step(offsets, np.asarray(buckets), where="mid", label=label)
+    axis.axvline(0, color="grey", linewidth=0.5)
+    axis.set(xlabel="key position - query position", ylabel="bucket", title="relative position buckets")
+    axis.legend(fontsize="small")
+    plt.close(figure)
+    return figure
+
+
+def attention_masks(masks: dict):
+    """Boolean masks [query, key] side by side, dark where a query may attend to a key."""
+    figure, axes = plt.subplots(1, len(masks), figsize=(4.0 * len(masks), 3.6))
+    for axis, (name, mask) in zip(np.atleast_1d(axes), masks.items()):
+        axis.imshow(np.asarray(mask), cmap="Greys", interpolation="nearest", aspect="auto")
+        axis.set(title=name, xlabel="key position", ylabel="query position")
+    figure.tight_layout()
     plt.close(figure)
     return figure

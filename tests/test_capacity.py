@@ -56,3 +56,14 @@ def test_write_world_takes_the_number_of_people(tmp_path):
     paths = world.write_world(tmp_path, num_people=12)
     facts = [json.loads(line) for line in paths["facts"].read_text().splitlines()]
     assert len(facts) == 12 * len(world.RELATIONS) and len({row["entity"] for row in facts}) == 12
+
+
+def test_a_tied_model_counts_its_one_embedding():
+    """T5 1.0 reuses the embedding as its output layer: one embedding matrix, not two."""
+    from t5nb.config import get_config
+
+    tied, untied = get_config("t5-small"), get_config("t5-small", logits_via_embedding=False)
+    counts = capacity.parameter_counts(tied)
+    embedding = tied.vocab_size * tied.emb_dim
+    assert counts["parameters"] - counts["non_embedding"] == embedding
+    assert capacity.parameter_counts(untied)["parameters"] == counts["parameters"] + embedding
