@@ -14,7 +14,7 @@ import jax
 import numpy as np
 
 from t5nb import adapters, evaluate, tasks
-from t5nb.checkpoints import is_t5x_checkpoint
+from t5nb.checkpoints import checkpoint_steps, is_t5x_checkpoint
 from t5nb.files import write_atomically
 from t5nb.paths import REPO_ROOT
 from t5nb.profiles import Profile
@@ -108,9 +108,17 @@ def pretrain(profile: Profile, num_steps: int | None = None, trainer: Trainer | 
 
 def pretrained_checkpoint(profile: Profile, progress: bool = True) -> pathlib.Path:
     """The profile's finished pretraining run (its directory, which `finetune` takes as
-    `init`), pretraining first if needed."""
+    `init`), pretraining first if needed, and saying so first: a notebook opened alone then
+    runs notebook 02's pretraining in a cell that reads like a look-up."""
+    directory = pretraining_dir(profile)
+    steps = checkpoint_steps(directory) if directory.is_dir() else []
+    if not steps or steps[-1] < profile.pretrain_steps:
+        where = f"at step {steps[-1]:,} in" if steps else "not in"
+        print(f"Notebook 02's pretraining run is {where} {directory}: running it now to step "
+              f"{profile.pretrain_steps:,}, as notebook 02 does (its progress bar follows). On Colab, "
+              "KEEP_RUNS_ON_DRIVE = True in the setup cell keeps it for the other notebooks and later sessions.")
     pretrain(profile, progress=progress)
-    return pretraining_dir(profile)
+    return directory
 
 
 def finetune_recipe(profile: Profile, task, init, num_steps: int | None = None, name: str = "",

@@ -116,3 +116,14 @@ def test_a_check_refuses_a_wrong_or_missing_answer_and_names_the_question():
         check("01.2", 0.5)
     with pytest.raises(AssertionError, match=r"replace `\.\.\.` with your answer"):
         check("01.2", ...)
+
+
+def test_a_check_says_when_it_checked_the_solution_cells_answer(capsys):
+    from t5nb.exercises import Solved, check
+
+    check("01.2", Solved(8 / 9))
+    assert "checked the solution cell's answer, not yours" in capsys.readouterr().out
+    check("01.2", 8 / 9)
+    assert "right, the fraction" in capsys.readouterr().out
+    with pytest.raises(AssertionError, match=r"01\.2: 0\.5 is not"):
+        check("01.2", Solved(0.5))

@@ -158,3 +158,12 @@ def test_first_examples_trains_on_the_first_n_and_keeps_the_rest_whole():
     assert rows == [e["inputs"] for e in whole.source.get_dataset(split="train").take(7).as_numpy_iterator()]
     assert sum(1 for _ in subset.source.get_dataset(split="validation")) == 1000
     assert subset.metric_fns == whole.metric_fns
+
+
+def test_with_sentinels_writes_span_corruption_as_the_paper_does():
+    vocabulary = tasks.get_vocabulary("facts")
+    sentinel = vocabulary.vocab_size - 1  # <extra_id_0>; the next one down is <extra_id_1>
+    ids = [*vocabulary.encode("Ada Klimberg was born in"), sentinel, *vocabulary.encode("."), sentinel - 1,
+           vocabulary.eos_id, *vocabulary.encode("after EOS"), 0]
+    assert tasks.with_sentinels(vocabulary, ids) == "Ada Klimberg was born in <extra_id_0> . <extra_id_1>"
+    assert tasks.with_sentinels(vocabulary, [0, 0]) == ""

@@ -168,3 +168,18 @@ def test_the_sample_efficiency_curve_and_the_fine_tuning_methods_are_recorded(mo
     assert all(row["step_ms"] > 0 and row["step_memory_mb"] > 0 and "accuracy" in row for row in table.values())
     recorded = json.loads((workflow.runs_dir() / "headlines" / "03_finetuning.json").read_text())
     assert recorded["transfer"] == json.loads(json.dumps(curve)) and recorded["fine_tuning_methods"] == table
+
+
+def test_pretrained_checkpoint_says_first_when_it_must_pretrain(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("T5NB_RUNS_DIR", str(tmp_path))
+    monkeypatch.setattr(workflow, "pretrain", lambda profile, progress=True: None)  # the run itself: elsewhere
+    profile = t5nb.get_profile("ci")
+    assert workflow.pretrained_checkpoint(profile) == workflow.pretraining_dir(profile)
+    said = capsys.readouterr().out
+    assert f"Notebook 02's pretraining run is not in {workflow.pretraining_dir(profile)}: running it now" in said
+    (workflow.pretraining_dir(profile) / "checkpoints" / str(profile.pretrain_steps // 2)).mkdir(parents=True)
+    workflow.pretrained_checkpoint(profile)
+    assert f"is at step {profile.pretrain_steps // 2:,} in" in capsys.readouterr().out
+    (workflow.pretraining_dir(profile) / "checkpoints" / str(profile.pretrain_steps)).mkdir()
+    workflow.pretrained_checkpoint(profile)
+    assert capsys.readouterr().out == ""  # finished: nothing to say

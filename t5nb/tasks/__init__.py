@@ -18,7 +18,7 @@ from t5nb.tasks.real import register_nq_open_jsonl, register_real_tasks, registe
 from t5nb.tasks.pieces import (TaskNameError, check_vocabulary, first_examples, get_task, is_registered,
                                remove_task)
 from t5nb.tasks.vocab import (FACTS_SPM_PATH, describe_vocabulary, get_vocabulary,
-                             shared_data_dir)
+                             shared_data_dir, with_sentinels)
 
 if FACTS_SPM_PATH.exists():  # absent only while `python -m t5nb.tasks --out data` regenerates it
     register_facts_tasks()
@@ -31,5 +31,5 @@ __all__ = [
     "first_examples", "get_dataset", "get_task",
     "get_vocabulary", "is_registered", "preview", "read_examples", "read_rows", "register_facts_tasks", "register_nq_open_jsonl",
     "register_real_tasks", "register_task", "register_world_task", "register_triviaqa_jsonl", "remove_task", "shared_data_dir", "token_lengths",
-    "validation_batches", "warn_if_cut",
+    "validation_batches", "warn_if_cut", "with_sentinels",
 ]

@@ -87,6 +87,22 @@ def get_vocabulary(name: str = "facts") -> seqio.Vocabulary:
     return seqio.SentencePieceVocabulary(path, extra_ids=EXTRA_IDS)
 
 
+def with_sentinels(vocabulary: seqio.Vocabulary, ids) -> str:
+    """Token ids as text up to EOS, each sentinel written `<extra_id_N>` as T5's papers write it
+    (a vocabulary decodes sentinels as nothing): span corruption's inputs and targets, readable."""
+    first_sentinel = vocabulary.vocab_size - vocabulary.extra_ids
+    parts, run = [], []
+    for i in map(int, ids):
+        if i == vocabulary.eos_id:
+            break
+        if i >= first_sentinel:
+            parts += [vocabulary.decode(run), f"<extra_id_{vocabulary.vocab_size - 1 - i}>"]
+            run = []
+        elif i != vocabulary.pad_id:
+            run.append(i)
+    return " ".join(part for part in [*parts, vocabulary.decode(run)] if part)
+
+
 def is_official(vocabulary: seqio.Vocabulary) -> bool:
     """Whether `vocabulary` is T5's own (`get_vocabulary("t5")`: the local copy or the Hub's)."""
     source = getattr(vocabulary, "url", getattr(vocabulary, "sentencepiece_model_file", None))
