@@ -8,6 +8,7 @@ import jax
 import numpy as np
 
 from t5nb import capacity, config, model, tasks
+from t5.data import preprocessors  # noqa: I001  (after t5nb.tasks, which imports TensorFlow with accelerators hidden)
 
 
 def _parameters(preset: str, **changes) -> int:
@@ -17,8 +18,6 @@ def _parameters(preset: str, **changes) -> int:
 def _span_corruption_target(text: str, hidden: set) -> str:
     """The target T5's span corruption writes for `text` with the words at positions `hidden`
     cut out (t5.data.preprocessors' own function, on the facts vocabulary's pieces)."""
-    from t5.data import preprocessors  # TensorFlow's: loaded by the one exercise that needs it
-
     vocabulary = tasks.get_vocabulary("facts")
     ids, noise = [], []
     for position, word in enumerate(text.split()):
