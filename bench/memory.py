@@ -25,11 +25,12 @@ RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 PRESET, BATCH, INPUTS, TARGETS = "t5.1.1-small", 8, 512, 114  # bench/run.py's small shape
 POLICIES = ("none", "minimal", "full")
 RUNS = ("hf", *POLICIES, *(f"scan-{policy}" for policy in POLICIES))  # a train step each
+COMPILED = ("unrolled:none", "unrolled:full", "scan:none", "scan:full")  # the deep model's step, each compiled
 
 
 def child(kind: str, repeats: int) -> dict:
     """One measurement in this process: `hf`, a remat policy (`scan-<policy>`: with scanned
-    layers), or `compile:<preset>:<scan|unrolled>`."""
+    layers), or `compile:<preset>:<scan|unrolled>:<policy>`."""
     import t5nb
 
     t5nb.tune_host()
@@ -54,8 +55,8 @@ def child(kind: str, repeats: int) -> dict:
         sizes = {name: getattr(stats, f"{name}_size_in_bytes") / 2**20 for name in ("argument", "output", "alias", "temp")}
         return {**sizes, "per_device_mb": sizes["argument"] + sizes["output"] - sizes["alias"] + sizes["temp"]}
     if kind.startswith("compile:"):
-        _, preset, scan = kind.split(":")
-        config = get_config(preset, dropout_rate=0.0, scan_layers=scan == "scan")
+        _, preset, scan, policy = kind.split(":")
+        config = get_config(preset, dropout_rate=0.0, scan_layers=scan == "scan", remat_policy=policy)
         trainer = Trainer(config, TrainConfig(learning_rate=bench.LEARNING_RATE))
         batch = bench.make_batch(config, 1, 64, 16)
         start = time.perf_counter()
@@ -98,6 +99,7 @@ def main() -> None:
     parser.add_argument("--sharded", nargs="*", default=["t5.1.1-base", "t5.1.1-large", "t5.1.1-xl"],
                         help="presets whose per-device memory is compiled on 8 simulated devices")
     parser.add_argument("--only-sharded", action="store_true", help="just that table")
+    parser.add_argument("--only-compile", action="store_true", help="just the deep model's compile table")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.repeats), default=float))
@@ -106,16 +108,17 @@ def main() -> None:
               "machine": platform.processor() or platform.machine(), "load_average_start": os.getloadavg(),
               "shape": f"{PRESET} b{BATCH} {INPUTS}/{TARGETS} float32, dropout 0.1", "sharded": {}, "remat": {},
               "compile": {}}
-    for preset in args.sharded:
+    for preset in () if args.only_compile else args.sharded:
         for dims in (1, 2):
             print(f"8 devices: {preset}, {dims}-D parameter rules", flush=True)
             report["sharded"][f"{preset} {dims}-D"] = measure(f"shard:{preset}:{dims}", args.repeats)
-    for kind in () if args.only_sharded else RUNS:
+    for kind in () if args.only_sharded or args.only_compile else RUNS:
         print(f"train step: {kind}", flush=True)
         report["remat"][kind] = measure(kind, args.repeats)
-    for scan in () if args.skip_compile or args.only_sharded else ("unrolled", "scan"):
-        print(f"compile: {args.compile_preset} {scan}", flush=True)
-        report["compile"][scan] = measure(f"compile:{args.compile_preset}:{scan}", args.repeats)
+    # scanned with full remat: each layer updated inside the backward pass (t5nb.layerwise)
+    for layout in () if args.skip_compile or args.only_sharded else COMPILED:
+        print(f"compile: {args.compile_preset} {layout}", flush=True)
+        report["compile"][layout] = measure(f"compile:{args.compile_preset}:{layout}", args.repeats)
     report["load_average_end"] = os.getloadavg()
     if report["sharded"]:
         print(f"\ntrain step on a data=8 mesh, batch 8 x {INPUTS}/{TARGETS} (one row per device), per-device MB "
@@ -133,8 +136,8 @@ def main() -> None:
                   f"{run['step_s']:8.2f} {slowdown:>12s} {temp:>12s}")
     if report["compile"]:
         print(f"\n{args.compile_preset} train step (batch 1, 64/16), compile seconds:")
-        for scan, run in report["compile"].items():
-            print(f"  {scan:9s} {run['compile_s']:7.1f} s, temp buffers {run['temp_mb']:.0f} MB")
+        for layout, run in report["compile"].items():
+            print(f"  {layout:14s} {run['compile_s']:7.1f} s, temp buffers {run['temp_mb']:.0f} MB")
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"memory-{time.strftime('%Y%m%d-%H%M%S')}.json"
     path.write_text(json.dumps(report, indent=2, default=float) + "\n")

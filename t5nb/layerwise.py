@@ -11,11 +11,20 @@ together, a second copy of the stack (T5.1.1-xl's step planned 22.0 GB of tempor
 12.6 GB this way, 11.1 GB unrolled: docs/benchmarks.md).
 
 Only transformations that treat each parameter alone may run layer by layer (Adafactor, Adam);
-one that reads all gradients together (a global-norm clip) goes in `whole`."""
-import jax
-import optax
+one that reads all gradients together (a global-norm clip) goes in `whole`.
 
-from t5nb.model import stack_layers, unstack_layers
+`update_in_backward` goes further where each layer is computed again in the backward pass
+anyway (`remat_policy='full'`): it updates each layer inside the stack's backward pass, as soon
+as that layer's gradient exists, so a stack's gradients never exist together (T5.1.1-xl's step
+plans 1.3 GB of temporaries that way, against 11.1 GB unrolled)."""
+import functools
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from t5nb.model import stack_layers, stacks_run_by, unstack_layers
 
 
 def _on_param_trees(change, state, *others):
@@ -97,3 +106,111 @@ def _update_stack(optimizer, grads, opt_state, layers):
         return put(layers, optax.apply_updates(layer, updates)), _on_param_trees(put, opt_state, new_state)
 
     return jax.lax.fori_loop(0, jax.tree.leaves(layers)[0].shape[0], step, (layers, opt_state))
+
+
+def _param_trees(opt_state) -> list:
+    """The parameter-shaped trees (dicts) of an optax state, in order."""
+    return [tree for tree in jax.tree.leaves(opt_state, is_leaf=lambda x: isinstance(x, dict)) if isinstance(tree, dict)]
+
+
+def _with_param_trees(opt_state, trees: list):
+    """`opt_state` with its parameter-shaped trees replaced by `trees`, in order."""
+    trees = iter(trees)
+    return _on_param_trees(lambda _: next(trees), opt_state)
+
+
+def update_in_backward(optimizer: optax.GradientTransformation, loss, params: dict, opt_state, normalizer):
+    """One optimizer step of stacked `params` whose stacks are updated inside their own backward
+    pass, each layer as soon as its gradient exists, so no stack's gradients are ever held
+    together (as none of an unrolled model's need be: T5.1.1-xl's step, docs/benchmarks.md).
+    `loss(params) -> (loss, aux)` runs the model; every gradient is divided by `normalizer`.
+    Each layer's forward pass is computed again in the backward pass, as `remat_policy='full'`
+    asks. Returns (new params, new state, the gradients' global norm, aux).
+
+    `jax.grad` hands out cotangents only: the stacks' next state leaves the differentiated
+    function as the cotangent of a placeholder, one `slot` per stack shaped like that state,
+    while the stacks' parameters and optimizer state are held constant."""
+    paths = stack_paths(params)
+    stacks = {path: _get(params, path) for path in paths}
+    stack_states = {path: _on_param_trees(lambda tree, path=path: _get(tree, path), opt_state) for path in paths}
+    slots = {path: (stacks[path], _param_trees(stack_states[path]), jnp.zeros((), jnp.float32)) for path in paths}
+    rest = lambda tree: _without(tree, paths)  # noqa: E731
+
+    def differentiated(rest_params, slots):
+        def run(name, apply, x, stacked, keys):  # model.stacks_run_by's runner
+            path = (name, "layers")
+
+            def layer(layer_params, x, key):  # `apply` on one layer's parameters as a plain dict
+                state = jax.tree.map(lambda v: v, stacked)
+                nnx.replace_by_pure_dict(state, layer_params)
+                return apply(state, x, key)
+
+            first = lambda tree: jax.tree.map(lambda leaf: leaf[0], tree)  # noqa: E731
+            layer, consts = jax.closure_convert(layer, first(stacks[path]), x, first(keys))
+            return _stack_updating(layer, optimizer, x, consts, stacks[path], stack_states[path], slots[path],
+                                   keys, normalizer)
+
+        with stacks_run_by(run):
+            return loss(functools.reduce(lambda tree, path: _put(tree, path, stacks[path]), paths, rest_params))
+
+    (grads, slot_grads), aux = jax.grad(differentiated, argnums=(0, 1), has_aux=True)(rest(params), slots)
+    grads = jax.tree.map(lambda g: g / normalizer, grads)
+    updates, new_state = optimizer.update(grads, _on_param_trees(rest, opt_state), rest(params))
+    new_params = optax.apply_updates(rest(params), updates)
+    squares = sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads))
+    for path, (layers, trees, square) in slot_grads.items():
+        new_params = _put(new_params, path, layers)
+        stacked_state = _with_param_trees(stack_states[path], trees)
+        new_state = _on_param_trees(lambda tree, stacked, path=path: _put(tree, path, stacked), new_state, stacked_state)
+        squares += square
+    return new_params, new_state, jnp.sqrt(squares), aux
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _stack_updating(layer, optimizer, x, consts, params, opt_state, slot, keys, normalizer):
+    """x through the stack's layers, `layer(layer_params, x, key, *consts) -> x`."""
+    return _forward(layer, x, consts, params, keys)[0]
+
+
+def _forward(layer, x, consts, params, keys):
+    """The stack's output and each layer's input [layers, ...]."""
+    def body(x, layer_input):
+        layer_params, key = layer_input
+        return layer(layer_params, x, key, *consts), x
+
+    return jax.lax.scan(body, x, (params, keys))
+
+
+def _stack_updating_forward(layer, optimizer, x, consts, params, opt_state, slot, keys, normalizer):
+    y, inputs = _forward(layer, x, consts, params, keys)
+    return y, (inputs, consts, params, opt_state, keys, normalizer)
+
+
+def _stack_updating_backward(layer, optimizer, residuals, dy):
+    """The layers from the last: each one's forward pass again, its vector-Jacobian product, and
+    its update, written in place into the stack."""
+    inputs, consts, params, opt_state, keys, normalizer = residuals
+    depth = jax.tree.leaves(params)[0].shape[0]
+
+    def step(back, carry):
+        dy, dconsts, params, opt_state, square = carry
+        index = depth - 1 - back
+        take = lambda tree: jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, index, keepdims=False), tree)  # noqa: E731
+        put = lambda tree, value: jax.tree.map(  # noqa: E731
+            lambda x, y: jax.lax.dynamic_update_index_in_dim(x, y, index, 0), tree, value)
+        layer_params, key = take(params), None if keys is None else keys[index]
+        _, pullback = jax.vjp(lambda p, x, c: layer(p, x, key, *c), layer_params, take(inputs), consts)
+        grads, dx, dc = pullback(dy)
+        grads = jax.tree.map(lambda g: g / normalizer, grads)
+        updates, new_state = optimizer.update(grads, _on_param_trees(take, opt_state), layer_params)
+        params = put(params, optax.apply_updates(layer_params, updates))
+        square = square + sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads))
+        return dx, jax.tree.map(jnp.add, dconsts, dc), params, _on_param_trees(put, opt_state, new_state), square
+
+    zeros = jax.tree.map(jnp.zeros_like, consts)
+    dx, dconsts, params, opt_state, square = jax.lax.fori_loop(
+        0, depth, step, (dy, zeros, params, opt_state, jnp.zeros((), jnp.float32)))
+    return dx, dconsts, None, None, (params, _param_trees(opt_state), square), None, None
+
+
+_stack_updating.defvjp(_stack_updating_forward, _stack_updating_backward)

@@ -8,6 +8,8 @@ scanned models: see `layer_stack`). Parameter names and shapes are T5X's
 (`encoder/layers_0/attention/query/kernel` as [e, h*d], layer i of a stack named `layers_i` by
 `t5nb.checkpoints`), so converters are renames.
 """
+import contextlib
+import contextvars
 import functools
 
 import jax
@@ -315,11 +317,28 @@ def _depth(stacked) -> int:
     return jax.tree.leaves(stacked)[0].shape[0]
 
 
-def run_stack(layers, x, config: T5Config, rngs, call):
-    """x through each layer of a stack in turn, `call(layer, x, rngs) -> x`: unrolled, or as one
-    `lax.scan` over the stacked parameters of a scanned stack (`layer_stack`), each layer's
-    activations kept or recomputed for the backward pass by `config.remat_policy`. Each layer's
-    dropout draws from its own key, split from one, so every way gives the same numbers."""
+# Who runs a scanned stack, when not `lax.scan`: a train step that updates each layer inside
+# the stack's backward pass (`t5nb.layerwise.update_in_backward`) sets it for its forward pass.
+_STACK_RUNNER = contextvars.ContextVar("t5nb_stack_runner", default=None)
+
+
+@contextlib.contextmanager
+def stacks_run_by(runner):
+    """Within this block, each scanned stack runs as `runner(name, apply, x, stacked, keys) -> x`:
+    `name` 'encoder' or 'decoder', `apply(layer_state, x, key) -> x` one layer, `stacked` the
+    stack's parameters (an `nnx.State`), `keys` each layer's dropout key or None."""
+    token = _STACK_RUNNER.set(runner)
+    try:
+        yield
+    finally:
+        _STACK_RUNNER.reset(token)
+
+
+def run_stack(layers, x, config: T5Config, rngs, call, name: str):
+    """x through each layer of the stack `name` in turn, `call(layer, x, rngs) -> x`: unrolled,
+    or as one `lax.scan` over the stacked parameters of a scanned stack (`layer_stack`), each
+    layer's activations kept or recomputed for the backward pass by `config.remat_policy`. Each
+    layer's dropout draws from its own key, split from one, so every way gives the same numbers."""
     graphdef, stacked = nnx.split(layers) if config.scan_layers else (nnx.split(layers[0])[0], None)
     keys = None if rngs is None else jax.random.split(rngs.dropout(), _depth(stacked) if stacked else len(layers))
     if not config.scan_layers and config.remat_policy == "none":
@@ -330,6 +349,9 @@ def run_stack(layers, x, config: T5Config, rngs, call):
     def apply(state, x, key):
         return call(nnx.merge(graphdef, state), x, None if key is None else nnx.Rngs(dropout=key))
 
+    runner = _STACK_RUNNER.get() if config.scan_layers else None
+    if runner is not None:
+        return runner(name, apply, x, stacked, keys)
     if config.remat_policy != "none":
         apply = jax.checkpoint(apply, policy=getattr(jax.checkpoint_policies, REMAT_POLICIES[config.remat_policy]))
     if not config.scan_layers:
@@ -396,7 +418,7 @@ class Encoder(nnx.Module):
         bias = (attention_mask_bias(valid, valid, encoder_segment_ids, encoder_segment_ids)
                 + self.relpos_bias(jnp.arange(length), jnp.arange(length)))
         x = _embed(embedder, encoder_input_tokens, self.dropout, rngs, prompt)
-        x = run_stack(self.layers, x, self.config, rngs, lambda layer, x, rngs: layer(x, bias, rngs))
+        x = run_stack(self.layers, x, self.config, rngs, lambda layer, x, rngs: layer(x, bias, rngs), "encoder")
         return self.dropout(self.encoder_norm(x), deterministic=rngs is None, rngs=rngs)
 
 
@@ -426,7 +448,7 @@ class Decoder(nnx.Module):
                                          decoder_segment_ids, encoder_segment_ids)
         y = _embed(embedder, decoder_input_tokens, self.dropout, rngs)
         y = run_stack(self.layers, y, self.config, rngs,
-                      lambda layer, y, rngs: layer(y, encoded, self_bias, cross_bias, rngs))
+                      lambda layer, y, rngs: layer(y, encoded, self_bias, cross_bias, rngs), "decoder")
         return self.logits(embedder, y, rngs)
 
     def logits(self, embedder: Embed, y, rngs=None):

@@ -132,7 +132,9 @@ class Trainer:
     stacked on a leading `layers` axis, as the scan reads them (T5X's scanned layout); the
     optimizer updates each layer as its own, one at a time (`t5nb.layerwise`: Adafactor factors
     and scales it as unrolled), and every checkpoint keeps the per-layer layout
-    (`checkpoint_state`, `from_checkpoint`)."""
+    (`checkpoint_state`, `from_checkpoint`). With `remat_policy='full'` as well, Adafactor, no
+    adapters and one batch a step, each layer is updated inside the backward pass
+    (`layerwise.update_in_backward`): the step never holds a stack's gradients together."""
 
     def __init__(self, model_config: T5Config, train_config: TrainConfig, mesh=None,
                  rules=mesh_lib.STANDARD_RULES):
@@ -153,6 +155,11 @@ class Trainer:
         self._per_layer_shardings = adapters.split(
             model_config, nnx.to_pure_dict(mesh_lib.param_shardings(per_layer, self.mesh, rules)))[0]
         self._frozen = None if adapters.has_adapters(model_config) else {}
+        # scanned layers computed again in the backward pass anyway, and an optimizer that updates
+        # each parameter alone, in one step: each layer is updated inside that pass (`layerwise`)
+        self._updates_in_backward = (model_config.scan_layers and model_config.remat_policy == "full"
+                                     and self._optimizer_parts[0] is None and train_config.grad_accum_steps == 1
+                                     and not adapters.has_adapters(model_config))
         self.batch_sharding = mesh_lib.batch_sharding(self.mesh)
         self._replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         self.compile_seconds = None
@@ -283,6 +290,13 @@ class Trainer:
         cfg = self.train_config
         dropout_key = (jax.random.fold_in(jax.random.key(cfg.seed), state.step)
                        if self.model_config.dropout_rate > 0 else None)
+        if self._updates_in_backward:
+            normalizer = cfg.loss_normalizing_factor or jnp.maximum(jnp.sum(_loss_weights(batch)), 1.0)
+            params, opt_state, grad_norm, sums = layerwise.update_in_backward(
+                self._optimizer_parts[1], lambda params: self._sums(params, frozen, batch, dropout_key),
+                state.params, state.opt_state, normalizer)
+            sums = {**sums, "grad_norm": grad_norm, "learning_rate": learning_rate_schedule(cfg)(state.step)}
+            return TrainState(step=state.step + 1, params=params, opt_state=opt_state), sums
         grad_fn = jax.grad(self._sums, has_aux=True)
         if cfg.grad_accum_steps == 1:
             grads, sums = grad_fn(state.params, frozen, batch, dropout_key)
