@@ -88,22 +88,36 @@ def update(optimizer: optax.GradientTransformation, grads: dict, opt_state, para
     new_params = optax.apply_updates(rest(params), updates)
     stacks = {path: _update_stack(optimizer, _get(grads, path), _on_param_trees(lambda tree: _get(tree, path), opt_state),
                                   _get(params, path)) for path in paths}
-    for path, (layers, layer_state) in stacks.items():
-        new_params = _put(new_params, path, layers)
-        new_state = _on_param_trees(lambda tree, stacked, path=path: _put(tree, path, stacked), new_state, layer_state)
+    new_params, new_state = _with_stacks(new_params, new_state, stacks)
     return new_params, new_state if whole is None else (whole_state, new_state)
+
+
+def _with_stacks(params: dict, opt_state, stacks: dict):
+    """`params` and `opt_state` with each stack put in at its path, `stacks` {path: (layers, their state)}."""
+    for path, (layers, layer_state) in stacks.items():
+        params = _put(params, path, layers)
+        opt_state = _on_param_trees(lambda tree, stacked, path=path: _put(tree, path, stacked), opt_state, layer_state)
+    return params, opt_state
+
+
+def _layer(tree, index):
+    """Layer `index` of a stacked tree."""
+    return jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, index, keepdims=False), tree)
+
+
+def _update_layer(optimizer, index, grads, layers, opt_state):
+    """A stack (and its optimizer state) with layer `index` updated by its `grads`, in place."""
+    put = lambda tree, value: jax.tree.map(  # noqa: E731
+        lambda x, y: jax.lax.dynamic_update_index_in_dim(x, y, index, 0), tree, value)
+    layer = _layer(layers, index)
+    updates, new_state = optimizer.update(grads, _on_param_trees(lambda tree: _layer(tree, index), opt_state), layer)
+    return put(layers, optax.apply_updates(layer, updates)), _on_param_trees(put, opt_state, new_state)
 
 
 def _update_stack(optimizer, grads, opt_state, layers):
     """A stack's layers (and their optimizer state) updated one at a time, in place."""
     def step(index, carry):
-        layers, opt_state = carry
-        take = lambda tree: jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, index, keepdims=False), tree)  # noqa: E731
-        put = lambda tree, value: jax.tree.map(  # noqa: E731
-            lambda x, y: jax.lax.dynamic_update_index_in_dim(x, y, index, 0), tree, value)
-        layer = take(layers)
-        updates, new_state = optimizer.update(take(grads), _on_param_trees(take, opt_state), layer)
-        return put(layers, optax.apply_updates(layer, updates)), _on_param_trees(put, opt_state, new_state)
+        return _update_layer(optimizer, index, _layer(grads, index), *carry)
 
     return jax.lax.fori_loop(0, jax.tree.leaves(layers)[0].shape[0], step, (layers, opt_state))
 
@@ -157,12 +171,9 @@ def update_in_backward(optimizer: optax.GradientTransformation, loss, params: di
     grads = jax.tree.map(lambda g: g / normalizer, grads)
     updates, new_state = optimizer.update(grads, _on_param_trees(rest, opt_state), rest(params))
     new_params = optax.apply_updates(rest(params), updates)
-    squares = sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads))
-    for path, (layers, trees, square) in slot_grads.items():
-        new_params = _put(new_params, path, layers)
-        stacked_state = _with_param_trees(stack_states[path], trees)
-        new_state = _on_param_trees(lambda tree, stacked, path=path: _put(tree, path, stacked), new_state, stacked_state)
-        squares += square
+    new_params, new_state = _with_stacks(new_params, new_state, {
+        path: (layers, _with_param_trees(stack_states[path], trees)) for path, (layers, trees, _) in slot_grads.items()})
+    squares = sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)) + sum(s[2] for s in slot_grads.values())
     return new_params, new_state, jnp.sqrt(squares), aux
 
 
@@ -195,17 +206,13 @@ def _stack_updating_backward(layer, optimizer, residuals, dy):
     def step(back, carry):
         dy, dconsts, params, opt_state, square = carry
         index = depth - 1 - back
-        take = lambda tree: jax.tree.map(lambda x: jax.lax.dynamic_index_in_dim(x, index, keepdims=False), tree)  # noqa: E731
-        put = lambda tree, value: jax.tree.map(  # noqa: E731
-            lambda x, y: jax.lax.dynamic_update_index_in_dim(x, y, index, 0), tree, value)
-        layer_params, key = take(params), None if keys is None else keys[index]
-        _, pullback = jax.vjp(lambda p, x, c: layer(p, x, key, *c), layer_params, take(inputs), consts)
+        key = None if keys is None else keys[index]
+        _, pullback = jax.vjp(lambda p, x, c: layer(p, x, key, *c), _layer(params, index), _layer(inputs, index), consts)
         grads, dx, dc = pullback(dy)
         grads = jax.tree.map(lambda g: g / normalizer, grads)
-        updates, new_state = optimizer.update(grads, _on_param_trees(take, opt_state), layer_params)
-        params = put(params, optax.apply_updates(layer_params, updates))
+        params, opt_state = _update_layer(optimizer, index, grads, params, opt_state)
         square = square + sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads))
-        return dx, jax.tree.map(jnp.add, dconsts, dc), params, _on_param_trees(put, opt_state, new_state), square
+        return dx, jax.tree.map(jnp.add, dconsts, dc), params, opt_state, square
 
     zeros = jax.tree.map(jnp.zeros_like, consts)
     dx, dconsts, params, opt_state, square = jax.lax.fori_loop(
