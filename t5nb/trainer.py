@@ -1,5 +1,6 @@
 """The Trainer: T5X's loss and optimizer, the train state, and the sharded, compiled train and
 eval steps of one model on one mesh (the loop that drives them is `t5nb.train`)."""
+import collections
 import dataclasses
 import functools
 import math
@@ -115,6 +116,19 @@ def _shardings(abstract):
     return jax.tree.map(lambda x: x.sharding, abstract)
 
 
+# Compiled steps shared by a process's Trainers, keyed by all they depend on: a notebook's
+# fine-tunings of one model, or a sweep's runs, trace, lower and compile each step once (about a
+# second a run for a tiny model on a CPU, from JAX's persistent cache; minutes on a TPU, where
+# no persistent cache is set). The newest `_COMPILED_KEPT` are kept.
+_COMPILED: collections.OrderedDict = collections.OrderedDict()
+_COMPILED_KEPT = 32
+
+
+def _signature(tree) -> tuple:
+    """What a compiled program's inputs must match: structure, shapes, dtypes and shardings."""
+    return jax.tree.structure(tree), tuple((x.shape, x.dtype, x.sharding) for x in jax.tree.leaves(tree))
+
+
 def _loss_weights(batch):
     if "decoder_loss_weights" in batch:
         return batch["decoder_loss_weights"].astype(jnp.float32)
@@ -166,6 +180,17 @@ class Trainer:
         self._train_step = self._eval_step = None
 
     # -- state ---------------------------------------------------------------------------
+    def _compiled(self, name, build, *inputs):
+        """`build()`'s compiled program, compiled once per process for this model, optimizer,
+        mesh, rules and `inputs` (arrays or `ShapeDtypeStruct`s with shardings)."""
+        key = (name, self.model_config, self.train_config, self.mesh, self.rules, *map(_signature, inputs))
+        if key not in _COMPILED:
+            _COMPILED[key] = build()
+            while len(_COMPILED) > _COMPILED_KEPT:
+                _COMPILED.popitem(last=False)
+        _COMPILED.move_to_end(key)
+        return _COMPILED[key]
+
     def init_params(self, seed: int | None = None) -> dict:
         """Randomly initialised parameters in this trainer's layout, created directly with their shardings."""
         seed = self.train_config.seed if seed is None else seed
@@ -173,7 +198,7 @@ class Trainer:
         def create():
             return nnx.to_pure_dict(nnx.state(Transformer(self.model_config, rngs=nnx.Rngs(seed)), nnx.Param))
 
-        return jax.jit(create, out_shardings=self.param_shardings)()
+        return self._compiled(("init", seed), lambda: jax.jit(create, out_shardings=self.param_shardings).lower().compile())()
 
     def init_state(self, params: dict | None = None) -> TrainState:
         """Step 0 with a copy of `params` (all of the model's, per layer as from a checkpoint or
@@ -183,7 +208,8 @@ class Trainer:
             jax.tree.map(jnp.copy, stack_layers(params) if self.model_config.scan_layers else params),
             self.param_shardings)
         params, self._frozen = adapters.split(self.model_config, params)
-        opt_state = jax.jit(self._init_opt_state, out_shardings=self._opt_state_shardings(stacked=True))(params)
+        opt_state = self._compiled("opt_init", lambda: jax.jit(
+            self._init_opt_state, out_shardings=self._opt_state_shardings(stacked=True)).lower(params).compile(), params)(params)
         step = jax.device_put(jnp.zeros((), jnp.int32), self._replicated)
         return TrainState(step=step, params=params, opt_state=opt_state)
 
@@ -332,8 +358,12 @@ class Trainer:
                               self._abstract_frozen, self.frozen_shardings)  # abstract, as `state` may be
         jitted = jax.jit(self._train_step_fn, in_shardings=(state_shardings, self.frozen_shardings, self.batch_sharding),
                          out_shardings=(state_shardings, None), donate_argnums=0)
-        with mesh_lib.activation_sharding(self.mesh, self.rules):
-            return jitted.lower(state, frozen, batch).compile()
+
+        def build():
+            with mesh_lib.activation_sharding(self.mesh, self.rules):
+                return jitted.lower(state, frozen, batch).compile()
+
+        return self._compiled("train_step", build, state, batch)
 
     def train_step(self, state: TrainState, batch: dict):
         """One optimizer step on a sharded batch; returns the new state and metric sums."""
@@ -346,9 +376,11 @@ class Trainer:
     def eval_step(self, params: dict, batch: dict) -> dict:
         """Teacher-forced metric sums on a batch (T5X's train_eval); `params` as the state holds them."""
         if self._eval_step is None:
-            with mesh_lib.activation_sharding(self.mesh, self.rules):
-                self._eval_step = jax.jit(lambda p, f, b: self._sums(p, f, b, None)[1]).lower(
-                    params, self.frozen, batch).compile()
+            def build():
+                with mesh_lib.activation_sharding(self.mesh, self.rules):
+                    return jax.jit(lambda p, f, b: self._sums(p, f, b, None)[1]).lower(params, self.frozen, batch).compile()
+
+            self._eval_step = self._compiled("eval_step", build, params, self.frozen, batch)
         return self._eval_step(params, self.frozen, batch)
 
     def train_step_memory(self, batch: dict) -> int:

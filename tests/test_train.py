@@ -77,6 +77,16 @@ def test_gradient_accumulation_equals_the_full_batch():
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def test_trainers_of_one_model_and_optimizer_share_their_compiled_train_step():
+    """A notebook's fine-tunings of one model compile its step once; another optimizer, another step."""
+    config = get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0)
+    first, second, other = (Trainer(config, TrainConfig(learning_rate=rate)) for rate in (1e-2, 1e-2, 2e-2))
+    batch = first.shard_batch(copy_batch())
+    compiled = first.compile_train_step(first.abstract_state(), batch)
+    assert second.compile_train_step(second.abstract_state(), batch) is compiled
+    assert other.compile_train_step(other.abstract_state(), batch) is not compiled
+
+
 def test_meshes_8x1_4x2_2x4_match_one_device(tmp_path):
     out = tmp_path / "m"
     print(run_worker(tmp_path, "--out", out, "--meshes", "1x1,8x1,4x2,2x4", devices=8))
