@@ -49,7 +49,9 @@ course: $(VENV)/.base
 # run folders, spread over the cores (conftest.py); beside it, the dress rehearsal of the Colab
 # path: every notebook with the accelerator course's tasks, sources and calls at toy sizes
 # (profile `rehearsal`) on 8 simulated devices, every remote source read from its local stand-in
-# (needs the official vocabulary in T5NB_DATA_DIR); its report follows pytest's.
+# (needs the official vocabulary in T5NB_DATA_DIR); its report follows pytest's. Notebook 06
+# measures the facts world under every profile, so where the rehearsal runs it (on 8 devices),
+# the CI profile's run leaves it out (85 CPU seconds of a run bound by CPU).
 # Absolute paths: nbval runs each notebook in notebooks/.
 STANDINS := $(CURDIR)/runs/standins
 REHEARSAL := $(CURDIR)/runs/test-rehearsal
@@ -66,10 +68,11 @@ test: $(VENV)/.test
 	  (T5NB_PROFILE=rehearsal T5NB_STANDINS=$(STANDINS) T5NB_RUNS_DIR=$(REHEARSAL) \
 	   XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest notebooks --nbval-lax --nbval-current-env \
 	   --durations=10 > $(REHEARSAL_LOG) 2>&1; echo $$? > $(REHEARSAL_LOG).status) & \
-	else echo "rehearsal skipped: no official T5 vocabulary in T5NB_DATA_DIR ($${T5NB_DATA_DIR:-../shared/data})" \
+	  in_rehearsal_only=--ignore=notebooks/06_knowledge_capacity.ipynb; \
+	else in_rehearsal_only=; echo "rehearsal skipped: no official T5 vocabulary in T5NB_DATA_DIR ($${T5NB_DATA_DIR:-../shared/data})" \
 	  | tee $(REHEARSAL_LOG); echo 0 > $(REHEARSAL_LOG).status; fi; \
 	T5NB_PROFILE=ci T5NB_RUNS_DIR=$(CURDIR)/runs/test-ci $(PY) -m pytest -n $(WORKERS) --no-loadscope-reorder \
-	  tests notebooks --nbval-lax --nbval-current-env --durations=20; code=$$?; \
+	  tests notebooks $$in_rehearsal_only --nbval-lax --nbval-current-env --durations=20; code=$$?; \
 	wait; echo "== the rehearsal (T5NB_PROFILE=rehearsal, 8 simulated devices)"; cat $(REHEARSAL_LOG); \
 	rehearsal=$$(cat $(REHEARSAL_LOG).status); if [ $$code -eq 0 ]; then exit $$rehearsal; fi; exit $$code
 
