@@ -312,42 +312,46 @@ class Trainer:
                 "sequences": jnp.sum(jnp.any(weights > 0, axis=-1))}
         return sums["loss"], sums
 
+    def _gradients(self, params, frozen, batch, dropout_key):
+        """Gradients of the summed loss and the metric sums of `batch`, over `grad_accum_steps`
+        microbatches if more than one."""
+        cfg = self.train_config
+        grad_fn = jax.grad(self._sums, has_aux=True)
+        if cfg.grad_accum_steps == 1:
+            return grad_fn(params, frozen, batch, dropout_key)
+        micro = jax.tree.map(lambda x: x.reshape(cfg.grad_accum_steps, -1, *x.shape[1:]), batch)
+
+        def accumulate(carry, inputs):
+            index, microbatch = inputs
+            key = None if dropout_key is None else jax.random.fold_in(dropout_key, index)
+            grads, sums = grad_fn(params, frozen, microbatch, key)
+            return jax.tree.map(jnp.add, carry, (grads, sums)), None
+
+        zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, params, frozen,
+                                                            jax.tree.map(lambda x: x[0], micro), dropout_key))
+        return jax.lax.scan(accumulate, zeros, (jnp.arange(cfg.grad_accum_steps), micro))[0]
+
     def _train_step_fn(self, state: TrainState, frozen: dict, batch):
         cfg = self.train_config
         dropout_key = (jax.random.fold_in(jax.random.key(cfg.seed), state.step)
                        if self.model_config.dropout_rate > 0 else None)
+        # the target tokens' count (the loss weights are 0 or 1), or T5X's fixed factor
+        normalizer = cfg.loss_normalizing_factor or jnp.maximum(jnp.sum(_loss_weights(batch)), 1.0)
         if self._updates_in_backward:
-            normalizer = cfg.loss_normalizing_factor or jnp.maximum(jnp.sum(_loss_weights(batch)), 1.0)
             params, opt_state, grad_norm, sums = layerwise.update_in_backward(
                 self._optimizer_parts[1], lambda params: self._sums(params, frozen, batch, dropout_key),
                 state.params, state.opt_state, normalizer)
-            sums = {**sums, "grad_norm": grad_norm, "learning_rate": learning_rate_schedule(cfg)(state.step)}
-            return TrainState(step=state.step + 1, params=params, opt_state=opt_state), sums
-        grad_fn = jax.grad(self._sums, has_aux=True)
-        if cfg.grad_accum_steps == 1:
-            grads, sums = grad_fn(state.params, frozen, batch, dropout_key)
         else:
-            micro = jax.tree.map(lambda x: x.reshape(cfg.grad_accum_steps, -1, *x.shape[1:]), batch)
-
-            def accumulate(carry, inputs):
-                index, microbatch = inputs
-                key = None if dropout_key is None else jax.random.fold_in(dropout_key, index)
-                grads, sums = grad_fn(state.params, frozen, microbatch, key)
-                return jax.tree.map(jnp.add, carry, (grads, sums)), None
-
-            zeros = jax.tree.map(jnp.zeros_like, jax.eval_shape(grad_fn, state.params, frozen,
-                                                                jax.tree.map(lambda x: x[0], micro), dropout_key))
-            (grads, sums), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(cfg.grad_accum_steps), micro))
-        normalizer = cfg.loss_normalizing_factor or jnp.maximum(sums["weight"], 1.0)
-        grads = jax.tree.map(lambda g: g / normalizer, grads)
-        if self.model_config.scan_layers:  # each layer of a stack updated as its own, one at a time
-            whole, each = self._optimizer_parts
-            params, opt_state = layerwise.update(each, grads, state.opt_state, state.params, whole)
-        else:
-            updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
-            params = optax.apply_updates(state.params, updates)
-        sums = {**sums, "grad_norm": optax.global_norm(grads),
-                "learning_rate": learning_rate_schedule(cfg)(state.step)}
+            grads, sums = self._gradients(state.params, frozen, batch, dropout_key)
+            grads = jax.tree.map(lambda g: g / normalizer, grads)
+            if self.model_config.scan_layers:  # each layer of a stack updated as its own, one at a time
+                whole, each = self._optimizer_parts
+                params, opt_state = layerwise.update(each, grads, state.opt_state, state.params, whole)
+            else:
+                updates, opt_state = self.optimizer.update(grads, state.opt_state, state.params)
+                params = optax.apply_updates(state.params, updates)
+            grad_norm = optax.global_norm(grads)
+        sums = {**sums, "grad_norm": grad_norm, "learning_rate": learning_rate_schedule(cfg)(state.step)}
         return TrainState(step=state.step + 1, params=params, opt_state=opt_state), sums
 
     def compile_train_step(self, state: TrainState, batch: dict):
