@@ -278,12 +278,14 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
                     log.add(sums)
                     bar.update(1)
                     last = step == num_steps
-                    saving = checkpoints is not None and (step % checkpoint_every == 0 or last or stop.signal is not None)
+                    saving = checkpoints is not None and (step % checkpoint_every == 0 or last)
                     if step % log_every == 0 or saving or last:
                         log(step)
                     if validate is not None and (step % eval_every == 0 or last):
                         validate(step, state.params)
-                    if saving:
+                    if checkpoints is not None and (saving or stop.signal is not None):  # a signal may come
+                        if log.pending:  # while logging or validating: this step is still saved
+                            log(step)
                         save(step, state)
                 if stop.signal is not None:
                     if log.pending:

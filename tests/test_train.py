@@ -2,6 +2,7 @@
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -149,6 +150,25 @@ def test_resume_falls_back_to_the_previous_checkpoint_when_the_newest_is_damaged
     with pytest.warns(UserWarning, match=r"checkpoint step 4 in .* cannot be read .*; resuming from step 2"):
         resumed = train(trainer, Batches(copy_batch()), 4, tmp_path, checkpoint_every=2, progress=False)
     assert [h["step"] for h in resumed.history] == [2, 4]  # 2 read back from the log, 3 and 4 trained again
+    for a, b in zip(jax.tree.leaves(resumed.state.params), jax.tree.leaves(straight.state.params)):
+        assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_ctrl_c_while_a_step_is_logged_saves_that_step_and_the_resumed_run_equals_a_straight_one(tmp_path):
+    """SIGINT during the log of step 3, a step with no checkpoint of its own (every 4): the
+    loop saves step 3, then stops; resuming ends where a run never interrupted does."""
+    trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0), TrainConfig(learning_rate=1e-2))
+    straight = train(trainer, Batches(copy_batch()), 6, tmp_path / "straight", checkpoint_every=4, progress=False)
+
+    def press_ctrl_c_at_step_3(step, metrics):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt, match="stopped by SIGINT at step 3; checkpoint step 3 saved"):
+        train(trainer, Batches(copy_batch()), 6, tmp_path / "resumed", checkpoint_every=4, log_every=1,
+              on_log=press_ctrl_c_at_step_3, progress=False)
+    assert sorted(int(p.name) for p in (tmp_path / "resumed" / "checkpoints").iterdir()) == [3]
+    resumed = train(trainer, Batches(copy_batch()), 6, tmp_path / "resumed", checkpoint_every=4, progress=False)
     for a, b in zip(jax.tree.leaves(resumed.state.params), jax.tree.leaves(straight.state.params)):
         assert np.array_equal(np.asarray(a), np.asarray(b))
 
