@@ -146,8 +146,8 @@ def programs_in(dtype, mesh, profile) -> dict:
 def course(profile) -> dict:
     """Per notebook: its training runs, decoded examples and how many times it runs each program.
     03 and 04 fine-tune from the pretraining, from scratch and from the official checkpoint and
-    decode the validation set after each (03 also runs its sample-efficiency curve and LoRA and
-    prompt tuning); 05 fine-tunes once (4 checkpoints, the last 3 kept),
+    decode the validation set after each (03 also fine-tunes T5X's checkpoint and runs its
+    sample-efficiency curve and LoRA and prompt tuning); 05 fine-tunes once (4 checkpoints, the last 3 kept),
     teacher-forces the validation set, decodes it at the end (infer_eval) and at each kept
     checkpoint (evaluate_checkpoints)."""
     def decoded(task):
@@ -161,10 +161,11 @@ def course(profile) -> dict:
     forced = sum(VALIDATION_EXAMPLES[profile.qa_task].values()) // profile.batch_size  # full batches
     return {
         "02_pretraining": {"runs": 1, "examples": 0, "counts": {"pretrain_step": profile.pretrain_steps}},
-        "03_finetuning": {"runs": 11, "examples": 11 * sum(wmt),  # + the sample-efficiency curve's 6 runs and 2 adapter
-                          # runs, whose steps count as full fine-tuning steps (an upper bound: no weight gradients)
-                          "counts": {"finetune_step": 5 * steps + 6 * profile.transfer_steps,
-                                     "decode_batch": 11 * batches(wmt)}},
+        "03_finetuning": {"runs": 12, "examples": 12 * sum(wmt),  # + T5X's, the sample-efficiency curve's 6 runs
+                          # and 2 adapter runs, whose steps count as full fine-tuning steps (an upper bound: no
+                          # weight gradients)
+                          "counts": {"finetune_step": 6 * steps + 6 * profile.transfer_steps,
+                                     "decode_batch": 12 * batches(wmt)}},
         "04_closed_book_qa": {"runs": 3, "examples": 3 * sum(qa),
                               "counts": {"finetune_step": 3 * steps, "decode_batch": 3 * batches(qa)}},
         "05_evaluation": {"runs": 1, "examples": 4 * sum(qa),

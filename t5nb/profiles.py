@@ -46,6 +46,7 @@ class Profile:
     capacity_exposures: int  # 06: how often each fact is seen while memorising
     eval_examples: int | None  # validation examples decoded per evaluation (None: all)
     official_checkpoint: str | None  # a published T5.1.1 model of this vocabulary (03, 04), or None
+    t5x_checkpoint: str | None  # a T5X checkpoint of this profile's model and vocabulary (03), or None
 
 
 def _read_profiles(path: pathlib.Path) -> dict[str, Profile]:

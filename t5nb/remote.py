@@ -7,6 +7,7 @@ Every file t5nb reads from elsewhere is named by one URL:
 | `hf://<org>/<repo>/<file>` | a model repository on the Hugging Face Hub |
 | `hf://datasets/<org>/<repo>/<file>` | a dataset repository on the Hub |
 | `https://<host>/<path>` | a web server (e.g. raw.githubusercontent.com) |
+| `gs://<bucket>/<path>` | Google Cloud Storage (T5X's checkpoints), read by tensorstore, not `fetch` |
 
 `fetch(url)` returns a local path: the Hub's cache or t5nb's download cache (`T5NB_CACHE_DIR`,
 default `~/.cache/t5nb`), each file downloaded once, anonymously. A source that cannot be
@@ -40,8 +41,8 @@ def standins_dir() -> pathlib.Path | None:
 
 def _split(url: str) -> tuple[str, str]:
     scheme, sep, rest = url.partition("://")
-    if not sep or scheme not in ("hf", "https") or not rest:
-        raise ValueError(f"{url!r}: not a remote URL t5nb reads (hf://..., https://...)")
+    if not sep or scheme not in ("hf", "https", "gs") or not rest:
+        raise ValueError(f"{url!r}: not a remote URL t5nb reads (hf://..., https://..., gs://...)")
     return scheme, rest
 
 
@@ -78,6 +79,8 @@ def _download(url: str, path: pathlib.Path) -> None:
 def fetch(url: str) -> str:
     """A local path holding the file `url` names (see the module docstring)."""
     scheme, rest = _split(url)
+    if scheme == "gs":
+        raise ValueError(f"{url!r}: gs:// files are read in place through tensorstore (t5nb.checkpoints.t5x)")
     if standins_dir() is not None:
         path = standin_path(url)
         if not path.is_file():

@@ -6,7 +6,8 @@ Same URLs, file names, formats and fields as the real sources; small contents, f
 public files in `$T5NB_DATA_DIR` (NQ-open, TriviaQA, Gutenberg text, the official vocabulary)
 where present, else a few made-up rows. The official checkpoint's stand-in is a tiny random
 T5.1.1 with the real repository's files (config.json, flax_model.msgpack, pytorch_model.bin,
-spiece.model). Only the sizes are not the real ones.
+spiece.model); T5X's T5.1.1-small on GCS stands in as T5X's own test checkpoint, a T5.1.1
+"tiny". Only the sizes are not the real ones.
 """
 import gzip
 import json
@@ -139,6 +140,28 @@ def _write_official_checkpoint(data, repository: str):
         (directory / "spiece.model").write_bytes(spm.read_bytes())
 
 
+def _write_t5x_checkpoint(data, url: str):
+    """T5X's own test checkpoint (a T5.1.1 "tiny" of the official vocabulary, in T5X's layout)
+    from `$T5NB_DATA_DIR` where present, else a tiny random T5.1.1 in that layout: the msgpack
+    `checkpoint` file of a `checkpoint_<step>` directory, its arrays inline."""
+    from flax import nnx, serialization, traverse_util
+
+    from t5nb import checkpoints
+    from t5nb.config import get_config
+    from t5nb.model import Transformer
+
+    path = _path(f"{url}/checkpoint")
+    real = data / "t5x" / "test_t5_tiny.checkpoint_0"
+    if real.is_file():
+        path.write_bytes(real.read_bytes())
+        return
+    model = Transformer(get_config("t5.1.1-tiny", vocab_size=32128), rngs=nnx.Rngs(0))
+    target = traverse_util.unflatten_dict({name: np.asarray(array) for name, array in
+                                           checkpoints.flatten(checkpoints.params_of(model)).items()}, sep="/")
+    path.write_bytes(serialization.msgpack_serialize(
+        {"version": 3, "optimizer": {"target": target, "state": {"step": np.int32(0), "param_states": {}}}}))
+
+
 def write_standins(directory) -> pathlib.Path:
     """Write every stand-in under `directory`; return it."""
     directory = pathlib.Path(directory).resolve()
@@ -151,6 +174,7 @@ def write_standins(directory) -> pathlib.Path:
         _write_triviaqa(data)
         _write_wmt14()
         _write_official_checkpoint(data, "hf://google/t5-v1_1-small")
+        _write_t5x_checkpoint(data, "gs://t5-data/pretrained_models/t5x/t5_1_1_small/checkpoint_1000000")
     finally:
         if previous is None:
             os.environ.pop(remote.STANDINS_ENV)

@@ -207,6 +207,25 @@ def test_native_t5x_zarr_layout_round_trips(tmp_path):
                                   params["decoder/logits_dense/kernel"])
 
 
+def test_a_gs_t5x_checkpoint_is_read_from_its_standin_under_t5nb_standins(tmp_path, monkeypatch):
+    """`gs://bucket/dir/checkpoint_100` with T5NB_STANDINS=S reads S/gs/bucket/dir/checkpoint_100,
+    its zarr arrays relative to it; the recipe's loader takes it as a T5X checkpoint."""
+    from t5nb import remote, restore
+
+    config = get_config("t5.1.1-tiny", vocab_size=VOCAB, dropout_rate=0.0)
+    params = random_params(config)
+    local = write_t5x_native_checkpoint(tmp_path / "gs" / "t5-data" / "t5x", params)
+    monkeypatch.setenv(remote.STANDINS_ENV, str(tmp_path))
+    url = "gs://t5-data/t5x/checkpoint_100"
+    assert checkpoints.checkpoint_kind(url) == "t5x"
+    from_url, from_path = (checkpoints.flatten(checkpoints.read_t5x_checkpoint(where)) for where in (url, local))
+    assert from_url.keys() == params.keys()
+    for key, value in from_path.items():
+        np.testing.assert_array_equal(from_url[key], value, err_msg=key)
+    np.testing.assert_array_equal(checkpoints.flatten(restore.initial_params(url, config))["encoder/layers_1/mlp/wo/kernel"],
+                                  from_path["encoder/layers_1/mlp/wo/kernel"])
+
+
 def test_official_vocabulary_gives_the_golden_ids():
     seqio = pytest.importorskip("seqio")
     vocab = seqio.SentencePieceVocabulary(str(data_file("vocab/cc_all.32000.sentencepiece.model")), extra_ids=100)

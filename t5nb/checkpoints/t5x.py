@@ -1,5 +1,5 @@
 """T5X checkpoints -> t5nb: the msgpack `checkpoint` file and its tensorstore (zarr) arrays,
-local or `gs://`."""
+local or `gs://` (from its local stand-in under `T5NB_STANDINS`, see `t5nb.remote`)."""
 import os
 import re
 
@@ -8,15 +8,19 @@ import numpy as np
 import tensorstore as ts
 from flax import serialization
 
+from t5nb import remote
 from t5nb.checkpoints.params import CheckpointError, model_from_params, unflatten, warn_if_not_finite
 from t5nb.config import T5Config
 from t5nb.model import Transformer
 
 
 def _kvstore(path: str) -> dict:
-    """Tensorstore kvstore spec for a local path or a `gs://bucket/...` path (a trailing / kept)."""
+    """Tensorstore kvstore spec for a local path or a `gs://bucket/...` path (a trailing / kept);
+    with `T5NB_STANDINS` set, a `gs://` path's stand-in."""
     match = re.fullmatch(r"gs://([^/]+)/?(.*)", path)
-    if match:
+    if match and remote.standins_dir() is not None:
+        path = str(remote.standin_path(path.rstrip("/"))) + ("/" if path.endswith("/") else "")
+    elif match:
         return {"driver": "gcs", "bucket": match[1], "path": match[2]}
     return {"driver": "file", "path": os.path.abspath(path) + ("/" if path.endswith("/") else "")}
 
