@@ -19,8 +19,11 @@ BADGE_LINK = re.compile(f"({re.escape(COLAB)}|{re.escape(KAGGLE)})" + r"[^/\s]+/
 BADGES = "[![Open In Colab]"
 SETUP = """\
 # Setup. On Colab or Kaggle this fetches and installs t5nb (a few minutes; on Kaggle turn
-# Settings > Internet on first); locally `make setup` did it.
-KEEP_RUNS_ON_DRIVE = False  # Colab: True keeps runs/ in your Google Drive, for later sessions and notebooks
+# Settings > Internet on first); locally `make setup` did it. PROFILE sizes the course: "detected"
+# picks it from this machine's chip (00_setup shows them all). KEEP_RUNS_ON_DRIVE (Colab): keep
+# runs/ in your Google Drive, for later sessions and the other notebooks.
+PROFILE = "detected"  #@param ["detected", "cpu", "accelerator", "fp32-gpu", "ci"]
+KEEP_RUNS_ON_DRIVE = False  #@param {{type:"boolean"}}
 import os, sys
 HOSTED = "/content" if "google.colab" in sys.modules else "/kaggle" if "KAGGLE_KERNEL_RUN_TYPE" in os.environ else ""
 if HOSTED:
@@ -33,7 +36,8 @@ if HOSTED:
 import t5nb
 t5nb.tune_host()  # first: keep freed host memory for XLA:CPU's step buffers (see t5nb.host)
 if KEEP_RUNS_ON_DRIVE:
-    t5nb.system.keep_runs_on_drive()"""
+    t5nb.system.keep_runs_on_drive()
+t5nb.choose_profile(PROFILE)  # prints what it runs, and how long the course takes on this chip"""
 
 
 def repository(root=ROOT) -> tuple[str, str]:

@@ -1,10 +1,13 @@
 """Profiles: one small table that tells every notebook how big to go on this machine.
 
-`T5NB_PROFILE=ci|cpu|accelerator|fp32-gpu|rehearsal` picks one; unset, t5nb looks at the
-first device JAX has (`profile_name_for`). `CHIPS` lists the accelerators the course is sized
-for: detection, the MFU a run reports and bench/accelerator_estimates.py read it.
+`T5NB_PROFILE=ci|cpu|accelerator|fp32-gpu|rehearsal` picks one (the setup cell's form field
+does, through `choose_profile`); unset, t5nb looks at the first device JAX has
+(`profile_name_for`). `CHIPS` lists the accelerators the course is sized for: detection, the
+MFU a run reports and bench/accelerator_estimates.py read it; `course_minutes` says how long a
+profile's course takes on this machine.
 """
 import dataclasses
+import json
 import os
 import pathlib
 import tomllib
@@ -12,6 +15,11 @@ import types
 
 import jax
 import jax.numpy as jnp
+
+from t5nb.paths import REPO_ROOT
+
+ESTIMATES = REPO_ROOT / "bench" / "results" / "accelerator_estimates.json"  # computed for each chip, not measured
+MEASURED = REPO_ROOT / "docs" / "course_results.json"  # `make course`, the cpu profile on 2 slow cores
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,3 +154,58 @@ def get_profile(name: str | None = None) -> Profile:
     if name not in PROFILES:
         raise ValueError(f"unknown profile {name!r} (T5NB_PROFILE); choose one of {sorted(PROFILES)}")
     return PROFILES[name]
+
+
+def course_minutes(name: str, device=None, count: int | None = None) -> tuple[dict, str] | None:
+    """Minutes per notebook of profile `name`'s course on `count` devices like `device` (default:
+    this machine's), and where they come from; None where nothing was measured or estimated.
+
+    The `cpu` profile on a CPU: `make course`'s wall times on 2 cores of the slower machine kind
+    (`MEASURED`). A chip of `CHIPS`: bench/accelerator_estimates.py's estimate (`ESTIMATES`)
+    for the profile detection gives that chip, on the setup with the nearest number of chips.
+    """
+    device = device or jax.devices()[0]
+    count = count or jax.device_count()
+    if device.platform == "cpu":
+        if name != "cpu" or not MEASURED.is_file():
+            return None
+        measured = json.loads(MEASURED.read_text())
+        return ({notebook: row["wall_s"] / 60 for notebook, row in measured.items()},
+                "measured by `make course` on 2 cores of an AMD EPYC (docs/course_results.json)")
+    chip = chip_of(device)
+    if chip is None or name != profile_name_for(device) or not ESTIMATES.is_file():
+        return None
+    setups = [(setup_name, setup) for setup_name, setup in json.loads(ESTIMATES.read_text())["setups"].items()
+              if setup["chip"] == chip.kind]
+    if not setups:
+        return None
+    setup_name, setup = min(setups, key=lambda item: abs(item[1]["chips"] - count))
+    return ({notebook: row["minutes"] for notebook, row in setup["notebooks"].items()},
+            f"estimated for {setup_name} by bench/accelerator_estimates.py (README: Accelerators), not measured")
+
+
+CHOICES = ["detected", "cpu", "accelerator", "fp32-gpu", "ci"]  # the setup cell's form field
+
+
+def choose_profile(name: str = "detected") -> Profile:
+    """The setup cell's profile: `detected` keeps `T5NB_PROFILE` or detection; another of
+    `PROFILES` is set as `T5NB_PROFILE` for this kernel and what it starts. Prints what the
+    profile runs, and how long its course takes here (`course_minutes`)."""
+    name = name.strip().lower()
+    if name != "detected":
+        get_profile(name)  # an unknown name is refused, naming the choices
+        os.environ["T5NB_PROFILE"] = name
+    profile = get_profile()
+    print(f"Profile {profile.name}: {profile.description}\n"
+          f"  {profile.model} ({profile.vocabulary} vocabulary); 02 pretrains on {profile.pretrain_task} for "
+          f"{profile.pretrain_steps:,} steps; 03 fine-tunes on {profile.finetune_task}, 04 on {profile.qa_task}, "
+          f"{profile.finetune_steps:,} steps each")
+    minutes = course_minutes(profile.name)
+    if minutes is None:
+        print(f"  no time measured or estimated for this profile on {jax.devices()[0].device_kind}")
+    else:
+        per_notebook, source = minutes
+        print(f"  the course in about {sum(per_notebook.values()):.0f} min ("
+              + ", ".join(f"{notebook[:2]}: {value:.0f}" for notebook, value in per_notebook.items() if value >= 1)
+              + f"), {source}")
+    return profile

@@ -17,7 +17,7 @@ from t5nb import adapters, evaluate, tasks
 from t5nb.checkpoints import checkpoint_steps, is_t5x_checkpoint
 from t5nb.files import write_atomically
 from t5nb.paths import REPO_ROOT
-from t5nb.profiles import Profile
+from t5nb.profiles import Profile, course_minutes
 from t5nb.recipe import Data, Recipe, Run, make_trainer
 from t5nb.system import KAGGLE_WORKING, in_colab, in_kaggle
 from t5nb.train import TrainResult, run_recipe
@@ -114,8 +114,10 @@ def pretrained_checkpoint(profile: Profile, progress: bool = True) -> pathlib.Pa
     steps = checkpoint_steps(directory) if directory.is_dir() else []
     if not steps or steps[-1] < profile.pretrain_steps:
         where = f"at step {steps[-1]:,} in" if steps else "not in"
+        minutes = course_minutes(profile.name)
+        how_long = f" (about {minutes[0]['02_pretraining']:.0f} min from the start: {minutes[1]})" if minutes else ""
         print(f"Notebook 02's pretraining run is {where} {directory}: running it now to step "
-              f"{profile.pretrain_steps:,}, as notebook 02 does (its progress bar follows). On Colab, "
+              f"{profile.pretrain_steps:,}, as notebook 02 does{how_long}; its progress bar follows. On Colab, "
               "KEEP_RUNS_ON_DRIVE = True in the setup cell keeps it for the other notebooks and later sessions.")
     pretrain(profile, progress=progress)
     return directory

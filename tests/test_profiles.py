@@ -24,6 +24,34 @@ def test_unset_profile_follows_the_first_device(monkeypatch):
     assert detect_profile_name() == "accelerator"
 
 
+def test_the_setup_cells_profile_field_sets_the_profile_and_says_what_it_runs_and_how_long(monkeypatch, capsys):
+    import os
+
+    monkeypatch.setenv("T5NB_PROFILE", "ci")
+    assert t5nb.choose_profile("detected").name == "ci"  # what the environment says stays
+    assert t5nb.choose_profile("cpu") is PROFILES["cpu"] is t5nb.get_profile()
+    assert os.environ["T5NB_PROFILE"] == "cpu"  # the kernel's later cells, and the processes it starts
+    said = capsys.readouterr().out
+    assert "Profile cpu: " in said and "02 pretrains on facts_pretraining for 1,000 steps" in said
+    measured = json.loads(profiles.MEASURED.read_text())
+    assert f"the course in about {sum(row['wall_s'] for row in measured.values()) / 60:.0f} min" in said
+    with pytest.raises(ValueError, match="unknown profile 'tpu'"):
+        t5nb.choose_profile("tpu")
+    setup_cell = "".join(json.loads((profiles.REPO_ROOT / "notebooks" / "00_setup.ipynb").read_text())["cells"][1]["source"])
+    assert f"#@param {json.dumps(profiles.CHOICES)}" in setup_cell  # the form field offers them all
+    assert set(profiles.CHOICES) - {"detected"} <= set(PROFILES)
+
+
+def test_each_estimated_setup_is_what_its_chip_is_told_and_other_profiles_have_no_estimate():
+    for setup in json.loads(profiles.ESTIMATES.read_text())["setups"].values():
+        chip = next(chip for chip in CHIPS.values() if chip.kind == setup["chip"])
+        minutes, source = profiles.course_minutes(setup["profile"], chip.device(), setup["chips"])
+        assert minutes == {notebook: row["minutes"] for notebook, row in setup["notebooks"].items()}
+        assert "not measured" in source
+        assert profiles.course_minutes("cpu", chip.device(), setup["chips"]) is None
+    assert profiles.course_minutes("ci", types.SimpleNamespace(platform="cpu")) is None
+
+
 # every chip of the table, and the profile a learner on it gets: bfloat16 chips the
 # accelerator course, GPUs without bfloat16 the same course sized for float32
 PROFILE_OF_CHIP = {"v5e": "accelerator", "v4": "accelerator", "v3": "accelerator", "t4": "fp32-gpu",
