@@ -37,7 +37,7 @@ import t5nb
 t5nb.tune_host()  # first: keep freed host memory for XLA:CPU's step buffers (see t5nb.host)
 if KEEP_RUNS_ON_DRIVE:
     t5nb.system.keep_runs_on_drive()
-t5nb.choose_profile(PROFILE)  # prints what it runs, and how long the course takes on this chip"""
+profile = t5nb.choose_profile(PROFILE)  # prints what it runs, and how long the course takes on this chip"""
 
 
 def repository(root=ROOT) -> tuple[str, str]:

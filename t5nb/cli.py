@@ -235,6 +235,7 @@ def run_train(args) -> int:
     start_distributed(args)
     import jax  # the command loads JAX and TensorFlow only for the handler it runs
 
+    from t5nb.mesh import describe_mesh
     from t5nb.recipe import load_recipe  # the command loads JAX and TensorFlow only for the handler it runs
     from t5nb.train import run_recipe
 
@@ -243,6 +244,7 @@ def run_train(args) -> int:
     recipe = load_recipe(args.recipe).with_overrides(args.overrides).resolved()
     if jax.process_index() == 0:
         print(recipe.to_toml(), flush=True)
+        print(describe_mesh(recipe.make_mesh()), flush=True)
     if args.dry_run:
         return 0
     _, result = run_recipe(recipe)
