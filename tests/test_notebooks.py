@@ -127,3 +127,45 @@ def test_a_check_says_when_it_checked_the_solution_cells_answer(capsys):
     assert "right, the fraction" in capsys.readouterr().out
     with pytest.raises(AssertionError, match=r"01\.2: 0\.5 is not"):
         check("01.2", Solved(0.5))
+
+
+# Prose true under every profile. Notebooks 02 to 05 train on the profile's world: the facts
+# world (`cpu`, `ci`) or real data (`accelerator`, `fp32-gpu`). A paragraph about one world
+# starts with its label, naming the profiles it holds for; a cell with one world's paragraph
+# holds the other's too. (01 and 06 show the facts world under every profile.)
+WORLD_LABELS = {"facts": "**Facts world**", "real": "**Real data**"}
+FACTS_PHRASES = re.compile(r"facts world|made-up|held-out people|held-out person|training people|slot filling|"
+                           r"birth (city|year)|\bperson\b|\bpeople\b|" + "|".join(sorted({
+                               json.loads(line)["entity"] for line in (NOTEBOOKS.parent / "data" / "facts.jsonl")
+                               .read_text().splitlines()})), re.IGNORECASE)
+TRAINING_ON_THE_PROFILE = [p for p in PATHS if p.name[:2] in ("02", "03", "04", "05")]
+
+
+def world_label(world: str) -> str:
+    """`**Facts world** (`cpu`, `ci`):`: the label and the setup cell's choices of that world."""
+    from t5nb.profiles import CHOICES, PROFILES
+
+    names = [n for n in CHOICES if n in PROFILES and (PROFILES[n].vocabulary == "facts") == (world == "facts")]
+    return f"{WORLD_LABELS[world]} ({', '.join(f'`{n}`' for n in names)}):"
+
+
+@pytest.mark.parametrize("path", TRAINING_ON_THE_PROFILE, ids=[p.stem for p in TRAINING_ON_THE_PROFILE])
+def test_prose_about_one_world_is_labelled_and_has_a_version_for_the_other(path):
+    labels = {world: world_label(world) for world in WORLD_LABELS}
+    for index, cell in enumerate(json.loads(path.read_text())["cells"]):
+        if cell["cell_type"] != "markdown":
+            continue
+        paragraphs = [p.strip() for p in re.split(r"\n\s*\n", "".join(cell["source"])) if p.strip()]
+        worlds = set()
+        for paragraph in paragraphs:
+            world = next((w for w, label in labels.items() if paragraph.startswith(label)), None)
+            if world is None:
+                for w, bold in WORLD_LABELS.items():
+                    assert not paragraph.startswith(bold), (
+                        f"{path.name} cell {index}: label it exactly {labels[w]!r}: {paragraph[:80]!r}")
+                claim = FACTS_PHRASES.search(paragraph)
+                assert claim is None, (f"{path.name} cell {index}: {claim[0]!r} is about the facts world; start "
+                                       f"the paragraph with {labels['facts']!r}: {paragraph[:100]!r}")
+            worlds.add(world)
+        if "facts" in worlds or "real" in worlds:
+            assert {"facts", "real"} <= worlds, f"{path.name} cell {index}: a version for each world"
