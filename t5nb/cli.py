@@ -244,7 +244,7 @@ def run_train(args) -> int:
     recipe = load_recipe(args.recipe).with_overrides(args.overrides).resolved()
     if jax.process_index() == 0:
         print(recipe.to_toml(), flush=True)
-        print(describe_mesh(recipe.make_mesh()), flush=True)
+        print(f"# {describe_mesh(recipe.make_mesh())}", flush=True)  # a comment: the output stays TOML
     if args.dry_run:
         return 0
     _, result = run_recipe(recipe)

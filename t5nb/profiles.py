@@ -19,7 +19,7 @@ import jax.numpy as jnp
 from t5nb.paths import REPO_ROOT
 
 ESTIMATES = REPO_ROOT / "bench" / "results" / "accelerator_estimates.json"  # computed for each chip, not measured
-MEASURED = REPO_ROOT / "docs" / "course_results.json"  # `make course`, the cpu profile on 2 slow cores
+MEASURED = REPO_ROOT / "docs" / "course_results.json"  # `make course` under the cpu profile, measured
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +171,7 @@ def course_minutes(name: str, device=None, count: int | None = None) -> tuple[di
             return None
         measured = json.loads(MEASURED.read_text())
         return ({notebook: row["wall_s"] / 60 for notebook, row in measured.items()},
-                "measured by `make course` on 2 cores of an AMD EPYC (docs/course_results.json)")
+                "measured by `make course` (docs/course_results.json; the README's course table says on what)")
     chip = chip_of(device)
     if chip is None or name != profile_name_for(device) or not ESTIMATES.is_file():
         return None
