@@ -235,8 +235,8 @@ def run_train(args) -> int:
     start_distributed(args)
     import jax  # the command loads JAX and TensorFlow only for the handler it runs
 
-    from t5nb.mesh import describe_mesh
     from t5nb.recipe import load_recipe  # the command loads JAX and TensorFlow only for the handler it runs
+    from t5nb.mesh import describe_mesh
     from t5nb.train import run_recipe
 
     for module in args.task_module or ():

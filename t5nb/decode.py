@@ -22,10 +22,7 @@ import numpy as np
 from flax import nnx
 
 from t5nb import mesh as mesh_lib
-from t5nb.model import NEG_INF, shift_right
-
-EOS_ID = 1
-PAD_ID = 0  # also the decoder's start token
+from t5nb.model import EOS_ID, NEG_INF, PAD_ID, shift_right
 DECODING_OPTIONS = {"greedy": (), "beam": ("num_decodes", "alpha"),
                     "sample": ("temperature", "top_k", "top_p", "seed")}
 

@@ -23,6 +23,8 @@ from t5nb.mesh import constrain
 # A bias or logit that takes a position out of a softmax (T5X's attention mask bias): exp of it
 # is 0 in float32 and bfloat16, and sums of a few of them stay finite. Decoding uses it too.
 NEG_INF = -1e10
+PAD_ID = 0  # T5's ids: padding, also the decoder's start token
+EOS_ID = 1  # the end of every sequence
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": functools.partial(jax.nn.gelu, approximate=True),
                "linear": lambda x: x}
 

@@ -15,7 +15,7 @@ from flax import nnx, struct
 from t5nb import adapters, layerwise
 from t5nb import mesh as mesh_lib
 from t5nb.config import T5Config
-from t5nb.model import Transformer, stack_layers, unstack_layers
+from t5nb.model import EOS_ID, Transformer, stack_layers, unstack_layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -307,8 +307,10 @@ class Trainer:
         targets, weights = batch["decoder_target_tokens"], _loss_weights(batch)
         loss, z_term = cross_entropy_with_z_loss(logits, targets, self.train_config.z_loss,
                                                  self.train_config.label_smoothing)
+        correct, answer = is_argmax(logits, targets) * weights, weights * (targets != EOS_ID)
         sums = {"loss": jnp.sum(loss * weights), "z_loss": jnp.sum(z_term * weights),
-                "correct": jnp.sum(is_argmax(logits, targets) * weights), "weight": jnp.sum(weights),
+                "correct": jnp.sum(correct), "weight": jnp.sum(weights),
+                "answer_correct": jnp.sum(correct * answer), "answer_weight": jnp.sum(answer),  # EOS left out
                 "sequences": jnp.sum(jnp.any(weights > 0, axis=-1))}
         return sums["loss"], sums
 
@@ -405,9 +407,12 @@ class Trainer:
 
 
 def finalize(sums: dict) -> dict:
-    """Metric sums (host numpy) -> per-token averages, as logged."""
+    """Metric sums (host numpy) -> per-token averages, as logged; `answer_accuracy` leaves out
+    the EOS that ends every target, which a trained model nearly always gets right."""
     weight = max(float(sums["weight"]), 1.0)
     out = {"loss": sums["loss"] / weight, "z_loss": sums["z_loss"] / weight, "accuracy": sums["correct"] / weight}
+    if "answer_weight" in sums:
+        out["answer_accuracy"] = sums["answer_correct"] / max(float(sums["answer_weight"]), 1.0)
     for name in ("grad_norm", "learning_rate"):
         if name in sums:
             out[name] = sums[name]

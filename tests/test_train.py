@@ -17,7 +17,7 @@ from t5nb.checkpoints import RunCheckpoints, flatten, runs
 from t5nb.config import get_config
 from t5nb.model import shift_right
 from t5nb.train import train
-from t5nb.trainer import TrainConfig, Trainer, cross_entropy_with_z_loss, is_argmax
+from t5nb.trainer import TrainConfig, Trainer, cross_entropy_with_z_loss, is_argmax, teacher_forced
 
 WORKER = pathlib.Path(__file__).with_name("train_worker.py")
 
@@ -76,6 +76,21 @@ def test_gradient_accumulation_equals_the_full_batch():
     np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-6)
     for a, b in zip(jax.tree.leaves(results[0][0]), jax.tree.leaves(results[1][0])):
         np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_teacher_forced_answer_accuracy_leaves_out_the_eos_that_ends_each_target(tmp_path):
+    trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0), TrainConfig(learning_rate=1e-2))
+    batch = copy_batch()
+    batch["decoder_target_tokens"][:, -1] = 1  # EOS
+    batch["decoder_input_tokens"] = np.asarray(shift_right(batch["decoder_target_tokens"]))
+    params = train(trainer, Batches(batch), 30, tmp_path, progress=False).state.params  # EOS learnt first
+    metrics = teacher_forced(trainer, params, [batch])
+    logits = trainer.model(params)(batch["encoder_input_tokens"], batch["decoder_input_tokens"],
+                                   batch["decoder_target_tokens"])
+    right = np.asarray(is_argmax(logits, jnp.asarray(batch["decoder_target_tokens"])))
+    np.testing.assert_allclose(metrics["accuracy"], right.mean(), rtol=1e-6)
+    np.testing.assert_allclose(metrics["answer_accuracy"], right[:, :-1].mean(), rtol=1e-6)
+    assert right[:, -1].all() and metrics["answer_accuracy"] < metrics["accuracy"]
 
 
 def test_trainers_of_one_model_and_optimizer_share_their_compiled_train_step():
