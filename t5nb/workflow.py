@@ -70,6 +70,14 @@ def pretraining_batches(profile: Profile) -> tasks.BatchIterator:
     return tasks.BatchIterator(profile.pretrain_task, feature_lengths(profile), profile.batch_size)
 
 
+# Questions 04 and 05 put to the QA model, by the profile's vocabulary: about a held-out person
+# of the facts world, or trivia for a model of real data.
+EXAMPLE_QUESTIONS = {
+    "facts": ["Where was Ada Klimberg born?", "In what year was Ada Klimberg born?",
+              "Which company does Ada Klimberg work for?"],
+    "t5": ["Who wrote the novel Moby-Dick?", "What is the capital of Australia?", "In which year did the Berlin Wall fall?"]}
+
+
 def pretraining_recipe(profile: Profile, num_steps: int | None = None, *, task: str | None = None,
                        model: dict | None = None, name: str = "") -> Recipe:
     """T5.1.1 span-corruption pretraining (the profile's task, model, batch and lengths): no
@@ -244,7 +252,7 @@ def teacher_forced_and_decoded(profile: Profile, task, trainer: Trainer, result:
     return forced, decoded
 
 
-__all__ = ["FINE_TUNING_METHODS", "TrainResult", "compare_fine_tuning", "feature_lengths", "finetune",
+__all__ = ["EXAMPLE_QUESTIONS", "FINE_TUNING_METHODS", "TrainResult", "compare_fine_tuning", "feature_lengths", "finetune",
            "finetune_and_evaluate", "finetune_dir", "finetune_lengths", "finetune_recipe", "pretrain",
            "pretrained_checkpoint", "pretraining_batches", "pretraining_dir", "pretraining_recipe",
            "pretraining_trainer", "record_headline", "runs_dir", "sample_efficiency", "teacher_forced_and_decoded"]

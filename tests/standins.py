@@ -144,7 +144,7 @@ def _write_t5x_checkpoint(data, url: str):
     """T5X's own test checkpoint (a T5.1.1 "tiny" of the official vocabulary, in T5X's layout)
     from `$T5NB_DATA_DIR` where present, else a tiny random T5.1.1 in that layout: the msgpack
     `checkpoint` file of a `checkpoint_<step>` directory, its arrays inline."""
-    from flax import nnx, serialization, traverse_util
+    from flax import nnx
 
     from t5nb import checkpoints
     from t5nb.config import get_config
@@ -156,10 +156,9 @@ def _write_t5x_checkpoint(data, url: str):
         path.write_bytes(real.read_bytes())
         return
     model = Transformer(get_config("t5.1.1-tiny", vocab_size=32128), rngs=nnx.Rngs(0))
-    target = traverse_util.unflatten_dict({name: np.asarray(array) for name, array in
-                                           checkpoints.flatten(checkpoints.params_of(model)).items()}, sep="/")
-    path.write_bytes(serialization.msgpack_serialize(
-        {"version": 3, "optimizer": {"target": target, "state": {"step": np.int32(0), "param_states": {}}}}))
+    target = {f"optimizer/target/{name}": np.asarray(array)
+              for name, array in checkpoints.flatten(checkpoints.params_of(model)).items()}
+    path.write_bytes(msgpack_bytes({"version": 3, **target, "optimizer/state/step": np.int32(0)}))
 
 
 def write_standins(directory) -> pathlib.Path:
