@@ -8,9 +8,9 @@ PY := $(VENV)/bin/python
 # CPU build) are passed on.
 UV_VERSION := $(shell sed -n 's/^uv==//p' requirements/test.lock)
 PIP := $(VENV)/bin/uv pip install -q --python $(PY) --no-deps $(foreach links,$(PIP_FIND_LINKS),--find-links $(links))
-# Bytecode for every installed module, compiled once on both cores: a machine that sets
-# PYTHONDONTWRITEBYTECODE (this workplace's do) otherwise compiles TensorFlow, JAX and the rest
-# from source in every process that imports them (a small `t5nb train` run: 21 s with it, 32 s
+# Bytecode for every installed module, compiled once on all cores: on a machine that sets
+# PYTHONDONTWRITEBYTECODE, every process that imports TensorFlow, JAX and the rest would
+# otherwise compile them from source (a small `t5nb train` run: 21 s with it, 32 s
 # without, on a 2-core AMD EPYC). Like pip's compile step, it skips a file of another Python's
 # syntax (torch ships one for 3.12).
 COMPILE := $(PY) -m compileall -qq -j 0 $(VENV)/lib

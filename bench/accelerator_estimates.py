@@ -225,21 +225,17 @@ def commit() -> str:
     return run.stdout.strip() or "unknown"
 
 
-def table(result: dict) -> str:
-    """The README's markdown table: a row per setup."""
-    lines = ["| setup | profile | dtype | 02 min | 03 min | 04 min | 05 min | **course min** | GB per chip | "
-             "MFU for 60 min |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for name, row in result["setups"].items():
-        minutes = " | ".join(f"{notebook['minutes']:.0f}" for notebook in row["notebooks"].values())
-        lines.append(f"| {name} | `{row['profile']}` | {row['dtype']} | {minutes} | **{row['minutes']:.0f}** | "
-                     f"{row['memory_gb']:.1f}{'' if row['fits_in_memory'] else ' (too much)'} | "
-                     f"{row['mfu_for_60_minutes']:.0%} |")
-    return "\n".join(lines)
+def estimates_table():
+    """scripts/estimates_table.py, which writes the docs' tables from this script's JSON."""
+    spec = importlib.util.spec_from_file_location("estimates_table", RESULTS.parents[1] / "scripts" / "estimates_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main():
     result = estimate()
-    print(table(result))
+    print(estimates_table().table(result))
     print(f"\ncompiled for {result['compiled_for']} in {result['bench_seconds']} s; MFU {MFU:.0%}, "
           f"{RUN_OVERHEAD_S} s per training run")
     RESULTS.mkdir(parents=True, exist_ok=True)

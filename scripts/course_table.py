@@ -3,7 +3,8 @@
     python scripts/course_table.py [RESULTS]    # RESULTS: default runs/results.json
 
 copies RESULTS to docs/course_results.json, the committed record of the last measured course,
-and rewrites the README's course table (between its `course-table` markers) from that record.
+and rewrites from that record the README's course table (between its `course-table` markers)
+and the course's total time (between its `course-time` markers).
 tests/test_readme.py fails when the README and the record disagree.
 """
 import json
@@ -15,6 +16,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RECORD = ROOT / "docs" / "course_results.json"
 START, END = "<!-- course-table: written by scripts/course_table.py -->", "<!-- /course-table -->"
+TIME_START, TIME_END = "<!-- course-time: written by scripts/course_table.py -->", "<!-- /course-time -->"
 
 
 def headlines(r: dict) -> dict[str, str]:
@@ -61,23 +63,30 @@ def methods(r: dict) -> list[str]:
               f"| {row['step_memory_mb']:.0f} MB | {row['accuracy']:.1f}% |" for method, row in rows.items())]
 
 
+def total_time(results: dict) -> str:
+    """`32 min 36 s`: the whole course's wall time."""
+    total = sum(entry["wall_s"] for entry in results.values())
+    return f"{int(total // 60)} min {total % 60:.0f} s"
+
+
 def table(results: dict) -> str:
     """The markdown between the markers: total wall time, one row per training notebook, 03's
     fine-tuning methods and 06's results beside the papers'."""
-    total = sum(entry["wall_s"] for entry in results.values())
     rows = [f"| `{name}` | {results[name]['wall_s']:.0f} s | {line} |" for name, line in headlines(results).items()]
-    return "\n".join([f"`make course` took {int(total // 60)} min {total % 60:.0f} s in all "
+    return "\n".join([f"`make course` took {total_time(results)} in all "
                       "(`docs/course_results.json` holds its numbers):", "",
                       "| notebook | wall | headline |", "|---|---:|---|", *rows, "", *methods(results), "",
                       *findings(results)])
 
 
 def render(readme: str, results: dict) -> str:
-    """`readme` with its course table replaced by the one `results` gives."""
-    pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.S)
-    if not pattern.search(readme):
-        raise ValueError(f"README.md has no {START} ... {END} block")
-    return pattern.sub(lambda _: f"{START}\n{table(results)}\n{END}", readme)
+    """`readme` with its course table and total time replaced by those `results` gives."""
+    for start, end, text in ((START, END, f"\n{table(results)}\n"), (TIME_START, TIME_END, total_time(results))):
+        pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
+        if not pattern.search(readme):
+            raise ValueError(f"README.md has no {start} ... {end} block")
+        readme = pattern.sub(lambda _: f"{start}{text}{end}", readme)
+    return readme
 
 
 if __name__ == "__main__":
@@ -86,4 +95,4 @@ if __name__ == "__main__":
         shutil.copy(source, RECORD)
     readme = ROOT / "README.md"
     readme.write_text(render(readme.read_text(encoding="utf-8"), json.loads(RECORD.read_text())), encoding="utf-8")
-    print(f"{RECORD.relative_to(ROOT)} and README.md's course table updated from {source}")
+    print(f"{RECORD.relative_to(ROOT)} and README.md's course table and time updated from {source}")

@@ -21,7 +21,7 @@ SETUP = """\
 # Setup. On Colab or Kaggle this fetches and installs t5nb (a few minutes; on Kaggle turn
 # Settings > Internet on first); locally `make setup` did it. PROFILE sizes the course: "detected"
 # picks it from this machine's chip (00_setup shows them all). KEEP_RUNS_ON_DRIVE (Colab): keep
-# runs/ in your Google Drive, for later sessions and the other notebooks.
+# runs/ in your Google Drive, for later runtimes and the other notebooks.
 PROFILE = "detected"  #@param ["detected", "cpu", "accelerator", "fp32-gpu", "ci"]
 KEEP_RUNS_ON_DRIVE = False  #@param {{type:"boolean"}}
 import os, sys

@@ -122,10 +122,10 @@ def wait_for_checkpoint(process, model_dir, step):
 
 def straight_run(tmp_path_factory):
     """The uninterrupted run on one process with 2 devices: (parameters, run directory). It runs
-    once per pytest session: the first xdist worker to ask runs it, into the session's shared
-    temporary folder, while the others wait for it."""
+    once per pytest run: the first xdist worker to ask runs it, into the run's shared temporary
+    folder, while the others wait for it."""
     base = tmp_path_factory.getbasetemp()
-    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # one session's workers share the parent
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # one pytest run's workers share the parent
     tmp_path = shared / "straight"
     with FileLock(shared / "straight.lock"):
         if not (tmp_path / "finished").exists():

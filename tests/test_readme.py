@@ -1,5 +1,7 @@
-"""The README: its course numbers are those of the last measured `make course`
-(docs/course_results.json), and every command it shows names paths, flags and recipe keys that exist."""
+"""The README and docs/: their generated tables are those of their JSON (the course's numbers, of
+the last measured `make course`, docs/course_results.json; the accelerator estimates,
+bench/results/accelerator_estimates.json), and every command they show names paths, flags and
+recipe keys that exist."""
 import argparse
 import importlib.util
 import json
@@ -10,9 +12,18 @@ import shlex
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("course_table", ROOT / "scripts" / "course_table.py")
-course_table = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(course_table)
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+course_table, estimates_table = _script("course_table"), _script("estimates_table")
+# every Markdown file whose commands are checked: the README and docs/
+MARKDOWN = ["README.md", *sorted(path.relative_to(ROOT).as_posix() for path in (ROOT / "docs").glob("*.md"))]
 
 
 def test_readme_course_table_is_the_recorded_course():
@@ -31,15 +42,39 @@ def test_the_table_reads_every_number_from_the_results():
     rows = course_table.table(results)
     assert "**12.3%** from the pretrained model" in rows
     assert f"| `02_pretraining` | {results['02_pretraining']['wall_s']:.0f} s |" in rows
+    readme = course_table.render((ROOT / "README.md").read_text(encoding="utf-8"), results)
+    assert f"{course_table.TIME_START}{course_table.total_time(results)}{course_table.TIME_END}" in readme
 
 
-# -- the README's commands --------------------------------------------------------------------
-COMMAND = re.compile(r"^(?:[A-Z_]+=\S+ )*(?:make|t5nb|\.venv/bin/t5nb|\.venv/bin/python|python|bash|\.venv/bin/pip|pip) ")
+def test_the_estimates_tables_are_the_committed_estimates():
+    for path, text in estimates_table.rendered().items():
+        assert path.read_text(encoding="utf-8") == text, \
+            f"{path.relative_to(ROOT)}'s estimates table differs from {estimates_table.RECORD.relative_to(ROOT)}: " \
+            "run `python scripts/estimates_table.py`"
+
+
+def test_the_estimates_tables_read_only_what_every_estimate_has():
+    """The fields the tables read, and nothing else: an estimate with other fields beside them,
+    measured compile seconds for one, still makes both tables, every number from the estimate."""
+    notebooks = {name: {"minutes": minutes, "compile_s": 1.0} for name, minutes in
+                 (("02_pretraining", 12.3), ("03_finetuning", 4.0), ("04_closed_book_qa", 2.0), ("05_evaluation", 1.0))}
+    result = {"setups": {"Some TPU": {"profile": "accelerator", "dtype": "bfloat16", "minutes": 19.3,
+                                      "memory_gb": 20.0, "fits_in_memory": False, "mfu_for_60_minutes": 0.125,
+                                      "notebooks": notebooks}}}
+    assert estimates_table.table(result).splitlines()[2] == \
+        "| Some TPU | `accelerator` | bfloat16 | 12 | 4 | 2 | 1 | **19** | 20.0 (too much) | 12% |"
+    assert estimates_table.chip_table(result).splitlines() == [
+        "| setup | profile | compute dtype | notebooks 02-05 |", "|---|---|---|---:|",
+        "| Some TPU | `accelerator` | bfloat16 | about 19 min, estimated (does not fit its memory) |"]
+
+
+# -- the commands of the README and docs/ -------------------------------------------------------
+COMMAND = re.compile(r"^(?:[A-Z_][A-Z0-9_]*=\S+ )*(?:make|t5nb|\.venv/bin/t5nb|\.venv/bin/python|python|bash|\.venv/bin/pip|pip) ")
 SCRIPT_SUFFIXES = (".py", ".sh")
 
 
 def readme_commands(text: str) -> list[str]:
-    """Every shell command the README shows: the lines of its code blocks, and inline code that
+    """Every shell command a Markdown file shows: the lines of its code blocks, and inline code that
     starts with a command (`make`, `t5nb`, `python`, `bash`, `pip`), joined where it wraps."""
     commands = []
     for block in re.findall(r"^```(?:bash)?\n(.*?)^```", text, flags=re.S | re.M):
@@ -57,12 +92,14 @@ def _is_placeholder(word: str) -> bool:
 
 
 def _run_dirs(text: str) -> set:
-    """The run directories a reader can have: every shipped recipe's, and each the README's
-    commands set with run.model_dir."""
+    """The run directories a reader can have: every shipped recipe's, and each that a command of
+    `text` or of another Markdown file (the README and docs/ are read together) sets with
+    run.model_dir."""
     from t5nb.recipe import load_recipe
 
     dirs = {load_recipe(path).run.model_dir for path in (ROOT / "recipes").rglob("*.toml")}
-    return dirs | set(re.findall(r"run\.model_dir=(\S+)", text))
+    shown = "\n".join([text, *((ROOT / name).read_text(encoding="utf-8") for name in MARKDOWN)])
+    return dirs | set(re.findall(r"run\.model_dir=(\S+)", shown))
 
 
 def _path_problem(word: str, run_dirs: set) -> str | None:
@@ -72,19 +109,19 @@ def _path_problem(word: str, run_dirs: set) -> str | None:
         return None
     if word.startswith("runs/") and word.rstrip("/") != "runs":
         if not any(word == run or word.startswith(run + "/") for run in run_dirs):
-            return f"{word}: no recipe or README command makes this run directory"
+            return f"{word}: no recipe or command in the README or docs/ makes this run directory"
         return None
     return None if (ROOT / word).exists() else f"{word}: no such file or folder in the repository"
 
 
 def command_problems(command: str, run_dirs: set) -> list[str]:
-    """What is wrong in one README command: a path, make target, t5nb subcommand, flag, recipe
+    """What is wrong in one shown command: a path, make target, t5nb subcommand, flag, recipe
     key or notebook that does not exist."""
     from t5nb import cli
     from t5nb.recipe import RecipeError, load_recipe
 
     words = shlex.split(command, comments=True)
-    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):  # VARIABLE=value before the command
+    while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=\S*", words[0]):  # VARIABLE=value before the command
         words.pop(0)
     problems = [problem for word in words for problem in [_path_problem(word, run_dirs)] if problem]
     program, arguments = words[0], words[1:]
@@ -134,7 +171,7 @@ def command_problems(command: str, run_dirs: set) -> list[str]:
             except RecipeError as error:
                 problems.append(f"{command}: {error}")
         return problems
-    return problems + [f"{program}: not a command the README's check knows"]
+    return problems + [f"{program}: not a command this check knows"]
 
 
 def readme_problems(text: str) -> list[str]:
@@ -142,28 +179,76 @@ def readme_problems(text: str) -> list[str]:
     return [problem for command in readme_commands(text) for problem in command_problems(command, run_dirs)]
 
 
-def test_every_readme_command_names_paths_flags_and_recipes_that_exist():
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    commands = readme_commands(text)
-    for expected in ("make test", "make course", "make bench BENCH_ARGS=--quick",
-                     "t5nb train recipes/finetune_file.toml --set data.train_file=my_qa.csv --set run.model_dir=runs/my_qa"):
+def test_the_readme_shows_the_two_commands_and_training_on_your_own_data():
+    commands = readme_commands((ROOT / "README.md").read_text(encoding="utf-8"))
+    for expected in ("make test", "make course",  # make test: what .ci/run runs
+                     "t5nb train recipes/finetune_file.toml --set data.train_file=my_qa.csv --set run.model_dir=runs/my_qa",
+                     "t5nb eval runs/my_qa --task my_qa"):
         assert expected in commands
+    assert "make bench BENCH_ARGS=--quick" in readme_commands((ROOT / "docs" / "benchmarks.md").read_text())
+
+
+@pytest.mark.parametrize("name", MARKDOWN)
+def test_every_command_names_paths_flags_and_recipes_that_exist(name):
+    text = (ROOT / name).read_text(encoding="utf-8")
     assert readme_problems(text) == []
 
 
-@pytest.mark.parametrize("old, new, problem", [
-    ("make bench BENCH_ARGS=--quick", "make bench BENCH_ARGS=--quik", "bench/run.py --quik: the script has no such option"),
-    ("make course ", "make courses ", "make courses: no such target in the Makefile"),
-    ("t5nb eval RUN_DIR --task T", "t5nb eval RUN_DIR --tasks T", "t5nb eval --tasks: no such option"),
-    ("recipes/finetune_file.toml --set data.train_file", "recipes/finetune.toml --set data.train_file",
+@pytest.mark.parametrize("name, old, new, problem", [
+    ("docs/benchmarks.md", "make bench BENCH_ARGS=--quick", "make bench BENCH_ARGS=--quik",
+     "bench/run.py --quik: the script has no such option"),
+    ("README.md", "make course ", "make courses ", "make courses: no such target in the Makefile"),
+    ("docs/runs.md", "t5nb eval RUN_DIR --task T", "t5nb eval RUN_DIR --tasks T", "t5nb eval --tasks: no such option"),
+    ("README.md", "recipes/finetune_file.toml --set data.train_file", "recipes/finetune.toml --set data.train_file",
      "recipes/finetune.toml: no such file or folder in the repository"),
-    ("--set data.train_file=my_qa.csv", "--set data.training_file=my_qa.csv", "[data] has no key 'training_file'"),
-    ("t5nb train runs/cpu/pretraining/recipe.toml", "t5nb train runs/cpu/pretrain/recipe.toml",
-     "runs/cpu/pretrain/recipe.toml: no recipe or README command makes this run directory"),
-    ("python -m t5nb course 00_setup", "python -m t5nb course 00_start", "t5nb course 00_start: no such notebook"),
+    ("README.md", "--set data.train_file=my_qa.csv", "--set data.training_file=my_qa.csv",
+     "[data] has no key 'training_file'"),
+    ("docs/runs.md", "t5nb train runs/cpu/pretraining/recipe.toml", "t5nb train runs/cpu/pretrain/recipe.toml",
+     "runs/cpu/pretrain/recipe.toml: no recipe or command in the README or docs/ makes this run directory"),
+    ("README.md", "python -m t5nb course 00_setup", "python -m t5nb course 00_start",
+     "t5nb course 00_start: no such notebook"),
+    ("docs/accelerators.md", "python bench/accelerator_estimates.py", "python bench/accelerator_estimate.py",
+     "bench/accelerator_estimate.py: no such file or folder in the repository"),
+    ("docs/benchmarks.md", "bench/memory.py --only-compile", "bench/memory.py --compile-only",
+     "bench/memory.py --compile-only: the script has no such option"),
 ])
-def test_a_renamed_path_flag_or_recipe_key_in_a_readme_command_is_caught(old, new, problem):
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def test_a_renamed_path_flag_or_recipe_key_in_a_command_is_caught(name, old, new, problem):
+    text = (ROOT / name).read_text(encoding="utf-8")
     assert old in text
-    problems = readme_problems(text.replace(old, new))
+    problems = readme_problems(text.replace(old, new, 1))
     assert len(problems) == 1 and problem in problems[0], problems
+
+
+# -- links between the README and docs/ ------------------------------------------------------------
+def _anchors(text: str) -> set:
+    """GitHub's anchors of a Markdown file: each heading's slug, and each `<a id="...">`."""
+    headings = re.findall(r"^#+ (.+)$", re.sub(r"^```.*?^```", "", text, flags=re.S | re.M), flags=re.M)
+    slugs = {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-") for heading in headings}
+    return slugs | set(re.findall(r'<a id="([^"]+)"', text))
+
+
+def link_problems(name: str) -> list[str]:
+    """The relative links of a Markdown file whose file, or anchor in it, does not exist."""
+    source = ROOT / name
+    text = source.read_text(encoding="utf-8")
+    problems = []
+    for link in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", link):
+            continue
+        path, _, anchor = link.partition("#")
+        target = (source.parent / path).resolve() if path else source
+        if not target.exists():
+            problems.append(f"{name}: {link}: no such file")
+        elif anchor and target.suffix == ".md" and anchor not in _anchors(target.read_text(encoding="utf-8")):
+            problems.append(f"{name}: {link}: no such heading")
+    return problems
+
+
+@pytest.mark.parametrize("name", MARKDOWN)
+def test_every_link_between_the_readme_and_docs_leads_somewhere(name):
+    assert link_problems(name) == []
+
+
+def test_a_moved_heading_is_caught():
+    assert _anchors("# A's title: the rest\n## Memory\n<a id=\"x\"></a>") == {"as-title-the-rest", "memory", "x"}
+    assert "docs/testing.md" in MARKDOWN and "without-tensorflow" in _anchors((ROOT / "docs" / "testing.md").read_text())
