@@ -4,11 +4,13 @@ tests are each a unit; the notebooks run as one unit, in order, on one worker, s
 reads the runs the ones before it wrote. The longest units go first. (A scheduler of our own,
 since xdist's `loadgroup` marks no longer reach pytest 9's node ids.)
 
-Where TensorFlow is not installed (the GPU machine's image), or with
+Where TensorFlow is not installed (a GPU machine's image), or with
 T5NB_TESTS_WITHOUT_TENSORFLOW=1 (to rehearse that here), a test file or test that imports
 TensorFlow or a package built on it is skipped, naming it, and so is one marked
-`needs_tensorflow` (it installs TensorFlow, or runs a process that imports it): `python -m
-pytest tests` then runs every test that needs no TensorFlow."""
+`needs_tensorflow` (it installs TensorFlow, or runs a process that imports it). Likewise a test
+that needs the notebook packages (nbformat, nbclient, nbval, ipywidgets), where they are not
+installed, or with T5NB_TESTS_AS_ON_GPU=1, which hides both families as a GPU image lacks them:
+`python -m pytest tests` then runs every test that needs neither."""
 import importlib.abc
 import importlib.util
 import os
@@ -16,22 +18,38 @@ import sys
 
 import pytest
 
-# the input pipeline's packages: each imports TensorFlow
+# packages a GPU machine's image may lack, by family: the input pipeline's (each imports
+# TensorFlow) and the notebooks' (reading, running and drawing notebooks)
 TENSORFLOW_FAMILY = ("tensorflow", "tensorflow_text", "tensorflow_datasets", "seqio", "t5", "clu")
+NOTEBOOK_FAMILY = ("nbformat", "nbclient", "nbval", "ipywidgets")
+AS_ON_GPU = os.environ.get("T5NB_TESTS_AS_ON_GPU") == "1"
 
 
-class _WithoutTensorFlow(importlib.abc.MetaPathFinder):
+def _hidden(family, rehearsed: bool) -> tuple:
+    """The family's packages to skip on: all of them when `rehearsed`, else those not installed."""
+    if rehearsed:
+        return family
+    return tuple(name for name in family if importlib.util.find_spec(name) is None)
+
+
+class _Without(importlib.abc.MetaPathFinder):
+    """Importing a hidden package skips the test (or test file) that imports it, naming it."""
+
+    def __init__(self, hidden):
+        self.hidden = hidden
+
     def find_spec(self, name, path=None, target=None):
         top = name.split(".")[0]
-        if top in TENSORFLOW_FAMILY:
-            built_on = "" if top == "tensorflow" else " (built on TensorFlow)"
+        if top in self.hidden:
+            built_on = " (built on TensorFlow)" if top in TENSORFLOW_FAMILY[1:] else ""
             pytest.skip(f"needs {top}{built_on}, which is not installed here", allow_module_level=True)
 
 
-WITHOUT_TENSORFLOW = (os.environ.get("T5NB_TESTS_WITHOUT_TENSORFLOW") == "1"
-                      or importlib.util.find_spec("tensorflow") is None)
-if WITHOUT_TENSORFLOW:
-    sys.meta_path.insert(0, _WithoutTensorFlow())
+HIDDEN = (*_hidden(TENSORFLOW_FAMILY, AS_ON_GPU or os.environ.get("T5NB_TESTS_WITHOUT_TENSORFLOW") == "1"),
+          *_hidden(NOTEBOOK_FAMILY, AS_ON_GPU))
+WITHOUT_TENSORFLOW = "tensorflow" in HIDDEN
+if HIDDEN:
+    sys.meta_path.insert(0, _Without(HIDDEN))
 
 
 def pytest_configure(config):
