@@ -2,6 +2,7 @@
 TensorFlow, host memory kept by `t5nb.tune_host()`."""
 import importlib.metadata
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -48,14 +49,17 @@ print(json.dumps({{"unchanged": before == after, "modules": sorted({{"jax", "ten
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="malloc_info is glibc's")
 def test_importing_t5nb_changes_nothing_and_tune_host_is_the_one_call_that_does():
-    def run(after_import=""):
+    def run(after_import="", **env):
         result = subprocess.run([sys.executable, "-c", IMPORT_T5NB.format(after_import=after_import)],
-                                capture_output=True, text=True)
+                                capture_output=True, text=True, env={**os.environ, **env})
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout)
 
     assert run() == {"unchanged": True, "modules": [], "mmapped": True}
-    assert run("t5nb.tune_host()")["mmapped"] is False
+    assert run("t5nb.tune_host()", JAX_PLATFORMS="cpu")["mmapped"] is False
+    # where JAX runs on an accelerator, XLA:CPU runs no steps: malloc is left as it is
+    for accelerator in ("cuda", "tpu"):
+        assert run("assert not t5nb.tune_host()", JAX_PLATFORMS=accelerator)["mmapped"] is True
 
 
 def test_tensorflow_is_quiet_and_hides_accelerators():
