@@ -1,7 +1,12 @@
 """The course's programs on one chip, from a profile alone (no TensorFlow, so the GPU machine
 builds them too): bench/accelerator_estimates.py compiles them, bench/gpu.py runs them, and
-tests/test_profiles.py holds them equal to what the workflow's recipes train."""
-from t5nb.config import get_config
+tests/test_profiles.py holds them equal to what the workflow's recipes train. Beside them, the
+benchmarks' random batches and the matmul FLOPs of a train step (no torch: bench/run.py and
+bench/gpu.py share them)."""
+import numpy as np
+
+from t5nb.config import T5Config, get_config
+from t5nb.model import shift_right
 from t5nb.trainer import Trainer, TrainConfig
 
 TRAIN_STEPS = ("pretrain_step", "finetune_step")
@@ -9,8 +14,8 @@ PROGRAMS = (*TRAIN_STEPS, "eval_step", "decode_batch")  # the keys of `course_tr
 
 
 def course_trainers(profile, dtype, mesh) -> dict:
-    """name -> (Trainer, feature lengths, packed): pretraining (T5.1.1 span corruption, no
-    dropout, T5X's rsqrt schedule) and fine-tuning (Adafactor at 1e-3), whose trainer also runs
+    """name -> (Trainer, feature lengths, packed): the profile's model as it runs it (`execution`);
+    pretraining (T5.1.1 span corruption, no dropout, T5X's rsqrt schedule) and fine-tuning (Adafactor at 1e-3), whose trainer also runs
     the course's eval step and greedy decoding. The presets' vocabulary is T5's: a profile on
     another (the facts world's) sizes its models to its task's, which needs the task."""
     if profile.vocabulary != "t5":
@@ -18,7 +23,8 @@ def course_trainers(profile, dtype, mesh) -> dict:
                          "its programs come from workflow's recipes")
 
     def trainer(train_config):
-        return Trainer(get_config(profile.model, dtype=dtype, dropout_rate=0.0), train_config, mesh)
+        return Trainer(get_config(profile.model, dtype=dtype, dropout_rate=0.0, **(profile.execution or {})),
+                       train_config, mesh)
 
     finetuning = trainer(TrainConfig(learning_rate=1e-3))
     finetune_lengths = {"inputs": profile.finetune_inputs_length, "targets": profile.finetune_targets_length}
@@ -27,3 +33,37 @@ def course_trainers(profile, dtype, mesh) -> dict:
             "finetune_step": (finetuning, finetune_lengths, False),
             "eval_step": (finetuning, finetune_lengths, False),
             "decode_batch": (finetuning, finetune_lengths, False)}
+
+
+def analytic_train_flops(c: T5Config, batch: int, inputs: int, targets: int) -> float:
+    """Matmul FLOPs of one train step: 3x the forward (backward = 2x), counted per part.
+
+    Counts projections, attention scores and mixing, MLPs and the output layer; leaves out
+    norms, softmax, embedding lookups and the optimizer (a few % at most).
+    """
+    e, hd, m, v = c.emb_dim, c.num_heads * c.head_dim, c.mlp_dim, c.vocab_size
+    n_wi = len(c.mlp_activations)
+    te, td = batch * inputs, batch * targets
+
+    def attention(q_tokens, kv_tokens, q_len, k_len):
+        projections = 2 * q_tokens * e * hd * 2 + 2 * kv_tokens * e * hd * 2  # q, out; k, v
+        return projections + 2 * 2 * batch * q_len * k_len * hd  # scores and weighted sum
+
+    def mlp(tokens):
+        return 2 * tokens * e * m * (n_wi + 1)
+
+    encoder = c.num_encoder_layers * (attention(te, te, inputs, inputs) + mlp(te))
+    decoder = c.num_decoder_layers * (attention(td, td, targets, targets)
+                                      + attention(td, te, targets, inputs) + mlp(td))
+    return 3.0 * (encoder + decoder + 2 * td * e * v)
+
+
+def make_batch(c: T5Config, batch: int, inputs: int, targets: int, seed: int = 0) -> dict:
+    """Full-length random tokens (no padding); targets end in EOS, decoder inputs shifted right."""
+    rng = np.random.default_rng(seed)
+    encoder = rng.integers(2, c.vocab_size, (batch, inputs), dtype=np.int32)
+    target = rng.integers(2, c.vocab_size, (batch, targets), dtype=np.int32)
+    target[:, -1] = 1
+    decoder_input = np.asarray(shift_right(target))
+    return {"encoder_input_tokens": encoder, "decoder_input_tokens": decoder_input,
+            "decoder_target_tokens": target}

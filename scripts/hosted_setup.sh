@@ -3,7 +3,7 @@
 # its Python, changing as little of it as t5nb allows. Its jax, jaxlib, flax and their GPU or
 # TPU builds stay: t5nb supports them (pyproject.toml's lower bounds; tests/test_hosted_path.py
 # runs t5nb on Colab's and Kaggle's). At requirements/base.lock's versions, with --no-deps as
-# `make setup` does (README, "Why a lock"), so no resolver touches the runtime's numpy,
+# `make setup` does (docs/install.md, "Setup, and why a lock"), so no resolver touches the runtime's numpy,
 # tensorflow, ipykernel and the rest:
 # 1. protobuf, where the runtime's is older than the lock's: Colab's own tensorflow-metadata
 #    needs protobuf 6.31 or newer to import;

@@ -288,6 +288,9 @@ def main(argv=None) -> int:
         check_task_options(args)
     except SystemExit as exit:  # --help, or an argument error, already printed
         return exit.code
+    from t5nb.system import keep_compiled_programs  # JAX, loaded once the arguments are read
+
+    keep_compiled_programs()  # a later command, or a notebook, loads what this one compiles
     prog = f"t5nb {args.command}"
     if args.debug or os.environ.get("T5NB_DEBUG", "") not in ("", "0"):
         return run(args)

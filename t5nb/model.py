@@ -28,13 +28,30 @@ EOS_ID = 1  # the end of every sequence
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": functools.partial(jax.nn.gelu, approximate=True),
                "linear": lambda x: x}
 
+# the initialisers, one object each: each (initialiser, shape) is one program (`_initial`)
 _fan_in_normal = jax.nn.initializers.variance_scaling(1.0, "fan_in", "normal")
 _fan_in_truncated = jax.nn.initializers.variance_scaling(1.0, "fan_in", "truncated_normal")
+_fan_avg_uniform = jax.nn.initializers.variance_scaling(1.0, "fan_avg", "uniform")
+_unit_normal = jax.nn.initializers.normal(1.0)
+
+
+@functools.cache
+def _query_init(head_dim: int):
+    """The query's initialiser: T5 folds attention's 1/sqrt(head_dim) into it."""
+    return lambda key, shape, dtype: _fan_in_normal(key, shape, dtype) / head_dim**0.5
+
+
+@functools.partial(jax.jit, static_argnums=(0, 2))
+def _initial(init, key, shape):
+    """A parameter's first value in float32. A model built outside jit (`Trainer.init_params`)
+    compiles one small program per initialiser and shape, however many layers it has; inside
+    jit, the same numbers."""
+    return init(key, shape, jnp.float32)
 
 
 def _param(rngs, init, shape, axes):
     """A float32 parameter carrying its logical axis names (sharded later by mesh rules)."""
-    return nnx.Param(init(rngs.params(), shape, jnp.float32), out_sharding=axes, eager_sharding=False)
+    return nnx.Param(_initial(init, rngs.params(), shape), out_sharding=axes, eager_sharding=False)
 
 
 class Dropout(nnx.Module):
@@ -82,7 +99,7 @@ class Embed(nnx.Module):
     """Token embedding [v, e]; `attend` reuses it as the (tied) output layer."""
 
     def __init__(self, vocab_size, features, dtype, rngs):
-        self.embedding = _param(rngs, jax.nn.initializers.normal(1.0), (vocab_size, features), ("vocab", "embed"))
+        self.embedding = _param(rngs, _unit_normal, (vocab_size, features), ("vocab", "embed"))
         self.dtype = dtype
 
     def __call__(self, tokens):
@@ -129,7 +146,7 @@ class RelativePositionBiases(nnx.Module):
     def __init__(self, config: T5Config, bidirectional: bool, rngs):
         self.config, self.bidirectional = config, bidirectional
         self.rel_embedding = _param(
-            rngs, jax.nn.initializers.variance_scaling(1.0, "fan_avg", "uniform"),
+            rngs, _fan_avg_uniform,
             (config.num_heads, config.relative_attention_num_buckets), ("heads", "relpos_buckets"))
 
     def __call__(self, query_positions, key_positions):
@@ -146,8 +163,8 @@ class MultiHeadAttention(nnx.Module):
     def __init__(self, config: T5Config, rngs):
         c = config
         joined = c.num_heads * c.head_dim
-        query_init = lambda key, shape, dtype: _fan_in_normal(key, shape, dtype) / c.head_dim**0.5  # noqa: E731
-        self.query = Dense(c.emb_dim, joined, ("embed", "joined_kv"), c.dtype, rngs, query_init, **lora(c, "query"))
+        self.query = Dense(c.emb_dim, joined, ("embed", "joined_kv"), c.dtype, rngs, _query_init(c.head_dim),
+                           **lora(c, "query"))
         self.key = Dense(c.emb_dim, joined, ("embed", "joined_kv"), c.dtype, rngs, _fan_in_normal, **lora(c, "key"))
         self.value = Dense(c.emb_dim, joined, ("embed", "joined_kv"), c.dtype, rngs, _fan_in_normal,
                            **lora(c, "value"))
@@ -402,7 +419,7 @@ class Encoder(nnx.Module):
 
     def __init__(self, config: T5Config, rngs):
         if config.prompt_length:
-            self.prompt = _param(rngs, jax.nn.initializers.normal(1.0), (config.prompt_length, config.emb_dim),
+            self.prompt = _param(rngs, _unit_normal, (config.prompt_length, config.emb_dim),
                                  (None, "embed"))
         self.relpos_bias = RelativePositionBiases(config, bidirectional=True, rngs=rngs)
         self.layers = layer_stack(config, [EncoderLayer(config, rngs) for _ in range(config.num_encoder_layers)])

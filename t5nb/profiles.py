@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from t5nb.paths import REPO_ROOT
+from t5nb.system import keep_compiled_programs
 
 ESTIMATES = REPO_ROOT / "bench" / "results" / "accelerator_estimates.json"  # computed for each chip, not measured
 MEASURED = REPO_ROOT / "docs" / "course_results.json"  # `make course` under the cpu profile, measured
@@ -55,6 +56,7 @@ class Profile:
     eval_examples: int | None  # validation examples decoded per evaluation (None: all)
     official_checkpoint: str | None  # a published T5.1.1 model of this vocabulary (03, 04), or None
     t5x_checkpoint: str | None  # a T5X checkpoint of this profile's model and vocabulary (03), or None
+    execution: dict | None  # how its models run (T5Config's scan_layers, remat_policy), or None: unrolled
 
 
 def _read_profiles(path: pathlib.Path) -> dict[str, Profile]:
@@ -87,7 +89,7 @@ class Chip:
     peak_flops: float
     bandwidth: float  # memory bytes/s
     memory: float  # bytes per chip
-    lent_by: str  # where a learner gets one
+    offered_by: str  # where a learner gets one
 
     def device(self):
         """What `compute_dtype` and `profile_name_for` read of a jax.Device on this chip."""
@@ -181,7 +183,7 @@ def course_minutes(name: str, device=None, count: int | None = None) -> tuple[di
         return None
     setup_name, setup = min(setups, key=lambda item: abs(item[1]["chips"] - count))
     return ({notebook: row["minutes"] for notebook, row in setup["notebooks"].items()},
-            f"estimated for {setup_name} by bench/accelerator_estimates.py (README: Accelerators), not measured")
+            f"estimated for {setup_name} by bench/accelerator_estimates.py (docs/accelerators.md), not measured")
 
 
 CHOICES = ["detected", "cpu", "accelerator", "fp32-gpu", "ci"]  # the setup cell's form field
@@ -189,8 +191,10 @@ CHOICES = ["detected", "cpu", "accelerator", "fp32-gpu", "ci"]  # the setup cell
 
 def choose_profile(name: str = "detected") -> Profile:
     """The setup cell's profile: `detected` keeps `T5NB_PROFILE` or detection; another of
-    `PROFILES` is set as `T5NB_PROFILE` for this kernel and what it starts. Prints what the
-    profile runs, and how long its course takes here (`course_minutes`)."""
+    `PROFILES` is set as `T5NB_PROFILE` for this kernel and what it starts. Keeps the programs
+    this kernel compiles for the next (`system.keep_compiled_programs`), and prints what the
+    profile runs and how long its course takes here (`course_minutes`)."""
+    compiled = keep_compiled_programs()
     name = name.strip().lower()
     if name != "detected":
         get_profile(name)  # an unknown name is refused, naming the choices
@@ -208,4 +212,5 @@ def choose_profile(name: str = "detected") -> Profile:
         print(f"  the course in about {sum(per_notebook.values()):.0f} min ("
               + ", ".join(f"{notebook[:2]}: {value:.0f}" for notebook, value in per_notebook.items() if value >= 1)
               + f"), {source}")
+    print(f"  compiled programs are kept in {compiled}: the next notebook loads them instead of compiling")
     return profile

@@ -1,12 +1,16 @@
-"""What machine is this: Colab, Kaggle or local, package versions, devices, a timed matmul."""
+"""What machine is this: Colab, Kaggle or local, where its runs and compiled programs are kept,
+package versions, devices, a timed matmul."""
 import importlib.metadata
 import os
+import pathlib
 import platform
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
+
+from t5nb.paths import REPO_ROOT
 
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "seqio-nightly", "t5",
             "tfds-nightly", "tensorflow", "sentencepiece")
@@ -25,6 +29,28 @@ KAGGLE_WORKING = "/kaggle/working"  # what Kaggle keeps as a notebook's output w
 
 
 DRIVE = "/content/drive"  # where Colab mounts Google Drive
+
+
+def runs_dir() -> pathlib.Path:
+    """Where runs go: `$T5NB_RUNS_DIR`, else `runs/` beside the notebooks (`/content/runs` on
+    Colab; on Kaggle `/kaggle/working/runs`, kept with the notebook's saved versions)."""
+    default = ("/content/runs" if in_colab() else f"{KAGGLE_WORKING}/runs" if in_kaggle()
+               else REPO_ROOT / "runs")
+    return pathlib.Path(os.environ.get("T5NB_RUNS_DIR", default))
+
+
+def keep_compiled_programs() -> pathlib.Path:
+    """Keep every program JAX compiles in `<runs_dir()>/compiled` (JAX's persistent compilation
+    cache), so that a later kernel (the next notebook, a rerun, `t5nb train`) loads it instead of
+    compiling it again: minutes of XLA's compiler on an accelerator's host. A cache folder set
+    by `JAX_COMPILATION_CACHE_DIR` is kept. Every program is kept, not only those over JAX's
+    default of a second (`JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` overrides that). Call it
+    before the first compile: JAX reads these settings once. Returns the folder."""
+    folder = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(runs_dir() / "compiled")
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs",
+                      float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", 0)))
+    return pathlib.Path(folder)
 
 
 def keep_runs_on_drive(folder: str = "t5nb/runs") -> str:

@@ -112,6 +112,14 @@ def _abstract_params(config: T5Config):
     return nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))), nnx.Param)
 
 
+def _host_device():
+    """The host's CPU, where JAX has one (not under `JAX_PLATFORMS` without cpu), else the default device."""
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError:
+        return None
+
+
 def _shardings(abstract):
     return jax.tree.map(lambda x: x.sharding, abstract)
 
@@ -192,13 +200,14 @@ class Trainer:
         return _COMPILED[key]
 
     def init_params(self, seed: int | None = None) -> dict:
-        """Randomly initialised parameters in this trainer's layout, created directly with their shardings."""
+        """Randomly initialised parameters in this trainer's layout and shardings. The model is
+        built on the host, a parameter at a time (`model._initial`: a few small programs, where
+        one program of the whole model took minutes to compile on a GPU), then placed on the mesh."""
         seed = self.train_config.seed if seed is None else seed
-
-        def create():
-            return nnx.to_pure_dict(nnx.state(Transformer(self.model_config, rngs=nnx.Rngs(seed)), nnx.Param))
-
-        return self._compiled(("init", seed), lambda: jax.jit(create, out_shardings=self.param_shardings).lower().compile())()
+        with jax.default_device(_host_device()):
+            params = nnx.to_pure_dict(nnx.state(Transformer(self.model_config, rngs=nnx.Rngs(seed)), nnx.Param))
+        return jax.tree.map(lambda x, sharding: jax.make_array_from_callback(x.shape, sharding, np.asarray(x).__getitem__),
+                            params, self.param_shardings)
 
     def init_state(self, params: dict | None = None) -> TrainState:
         """Step 0 with a copy of `params` (all of the model's, per layer as from a checkpoint or

@@ -16,20 +16,11 @@ import numpy as np
 from t5nb import adapters, evaluate, tasks
 from t5nb.checkpoints import checkpoint_steps, is_t5x_checkpoint
 from t5nb.files import write_atomically
-from t5nb.paths import REPO_ROOT
 from t5nb.profiles import Profile, course_minutes
 from t5nb.recipe import Data, Recipe, Run, make_trainer
-from t5nb.system import KAGGLE_WORKING, in_colab, in_kaggle
+from t5nb.system import runs_dir
 from t5nb.train import TrainResult, run_recipe
 from t5nb.trainer import Trainer, TrainConfig, teacher_forced
-
-
-def runs_dir() -> pathlib.Path:
-    """Where runs go: `$T5NB_RUNS_DIR`, else `runs/` beside the notebooks (`/content/runs` on
-    Colab; on Kaggle `/kaggle/working/runs`, kept with the notebook's saved versions)."""
-    default = ("/content/runs" if in_colab() else f"{KAGGLE_WORKING}/runs" if in_kaggle()
-               else REPO_ROOT / "runs")
-    return pathlib.Path(os.environ.get("T5NB_RUNS_DIR", default))
 
 
 def record_headline(**numbers) -> None:
@@ -80,12 +71,12 @@ EXAMPLE_QUESTIONS = {
 
 def pretraining_recipe(profile: Profile, num_steps: int | None = None, *, task: str | None = None,
                        model: dict | None = None, name: str = "") -> Recipe:
-    """T5.1.1 span-corruption pretraining (the profile's task, model, batch and lengths): no
-    dropout, Adafactor with T5X's rsqrt decay (1e-2 for 10k steps), four checkpoints, into
+    """T5.1.1 span-corruption pretraining (the profile's task, model and its execution, batch
+    and lengths): no dropout, Adafactor with T5X's rsqrt decay (1e-2 for 10k steps), four checkpoints, into
     `pretraining_dir`. A variant (06's) trains on another `task`, changes `model` (a preset
     and/or T5Config fields) and goes to `pretraining_dir(profile, name)`."""
     steps = num_steps or profile.pretrain_steps
-    return Recipe(model={"preset": profile.model, "dropout_rate": 0.0, **(model or {})},
+    return Recipe(model={"preset": profile.model, "dropout_rate": 0.0, **(profile.execution or {}), **(model or {})},
                   data=Data(task or profile.pretrain_task, profile.inputs_length, profile.targets_length,
                             profile.batch_size),
                   optimizer=TrainConfig(warmup_steps=10_000),
@@ -126,7 +117,7 @@ def pretrained_checkpoint(profile: Profile, progress: bool = True) -> pathlib.Pa
         how_long = f" (about {minutes[0]['02_pretraining']:.0f} min from the start: {minutes[1]})" if minutes else ""
         print(f"Notebook 02's pretraining run is {where} {directory}: running it now to step "
               f"{profile.pretrain_steps:,}, as notebook 02 does{how_long}; its progress bar follows. On Colab, "
-              "KEEP_RUNS_ON_DRIVE = True in the setup cell keeps it for the other notebooks and later sessions.")
+              "KEEP_RUNS_ON_DRIVE = True in the setup cell keeps it for the other notebooks and later runtimes.")
     pretrain(profile, progress=progress)
     return directory
 
@@ -136,7 +127,8 @@ def finetune_recipe(profile: Profile, task, init, num_steps: int | None = None, 
                     adapter: dict | None = None) -> Recipe:
     """Fine-tuning `init` (a checkpoint: a run or Hugging Face directory, `hf://<org>/<repo>`
     or a T5X checkpoint of the profile's preset; None: random initialisation) on `task`, T5X
-    style: Adafactor at a constant learning rate 1e-3, no dropout; validation loss and the
+    style, the model run as the profile says (`execution`): Adafactor at a constant learning
+    rate 1e-3, no dropout; validation loss and the
     task's metrics on a decoded sample every `profile.eval_every` steps; the final state kept
     (and one every `checkpoint_every` steps), into `finetune_dir(profile, task, name)`.
     `adapter` (model fields such as `{"lora_rank": 8}`, see `t5nb.adapters`) trains adapters on
@@ -151,7 +143,7 @@ def finetune_recipe(profile: Profile, task, init, num_steps: int | None = None, 
     task = tasks.get_task(task).name
     lengths = finetune_lengths(profile)
     model = {"dropout_rate": 0.0} if own_config else {"preset": profile.model, "dropout_rate": 0.0}
-    return Recipe(model={**model, **(adapter or {})},
+    return Recipe(model={**model, **(profile.execution or {}), **(adapter or {})},
                   data=Data(task, lengths["inputs"], lengths["targets"], profile.batch_size),
                   optimizer=TrainConfig(learning_rate=learning_rate, parameter_scale=not adapter),
                   run=Run(str(finetune_dir(profile, task, name)), steps, init_checkpoint=init,
