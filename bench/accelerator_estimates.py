@@ -15,7 +15,7 @@ scheduling). XLA's cost analysis gives FLOPs and bytes accessed, its memory anal
 a program needs (arguments + outputs - donated + temporaries). Several chips split each batch
 (data parallel, as t5nb's mesh does): their time is one chip's over their count, an ideal
 scaling, and their memory is one chip's running the whole batch, an upper bound. Prints the
-README's table; writes bench/results/accelerator_estimates.json.
+docs/accelerators.md's table (scripts/estimates_table.py); writes bench/results/accelerator_estimates.json.
 """
 import os
 
@@ -48,8 +48,14 @@ from t5nb.trainer import Trainer  # noqa: E402
 from programs import course_trainers  # noqa: E402  (bench/programs.py)
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-MFU = 0.4  # the fraction of a chip's roofline every program reaches (see the README)
-RUN_OVERHEAD_S = 60  # per training run: compiling on the chip, checkpoints, data start-up (an allowance)
+MFU = 0.4  # the fraction of a chip's roofline every program reaches (docs/accelerators.md)
+# Compiling: bench/compile.py's seconds per notebook on this CPU (the course in order, compiled
+# programs kept), times how much slower a chip's host compiles them, measured: for a TPU, XLA's
+# TPU compiler against XLA:CPU on the same programs in this run (with libtpu; else 1, unmeasured);
+# for a GPU, the one GPU compile measured: T5.1.1-tiny's greedy decoding took 13.3 s to its first
+# result on an H200 host (16 cores) against 1.8 s on a 2-core CPU.
+COMPILE_RESULTS = RESULTS / "compile.json"
+GPU_COMPILE_RATIO = 13.3 / 1.8
 EVAL_BATCH = 64  # workflow.finetune_and_evaluate and 05_evaluation decode in batches of 64
 # Validation examples of the profile's tasks (the course decodes split="validation"):
 # WMT14 en-de validation is newstest2013; NQ-open dev; TriviaQA unfiltered.nocontext validation.
@@ -57,7 +63,7 @@ VALIDATION_EXAMPLES = {"wmt14_ende": {"wmt14_ende": 3000},
                        "closed_book_qa": {"nq_open": 3610, "triviaqa_nocontext": 11313}}
 
 
-# (what the README calls it, the chip in profiles.CHIPS, how many): the free ones first
+# (what docs/accelerators.md calls it, the chip in profiles.CHIPS, how many): the free ones first
 SETUPS = [("Colab TPU v5e-1", "v5e", 1), ("Kaggle TPU v5e-8", "v5e", 8), ("Colab T4", "t4", 1),
           ("Kaggle 2 x T4", "t4", 2), ("Kaggle P100", "p100", 1), ("Colab Pro L4", "l4", 1),
           ("Colab Pro A100", "a100", 1), ("H100", "h100", 1)]
@@ -125,7 +131,7 @@ def greedy_decoding(config, mesh, batch_size: int, lengths: dict) -> dict:
     steps = lengths["targets"]
     start = compiled_cost(jax.jit(lambda s, t: decode._start(nnx.merge(graphdef, s), t, steps)), state, tokens)
     whole = compiled_cost(jax.jit(lambda s, t: decode._sample(
-        nnx.merge(graphdef, s), t, jax.random.key(0), 0.0, 1.0, max_decode_length=steps, greedy=True, top_k=0)),
+        nnx.merge(graphdef, s), t, jax.random.key(0), 0.0, 0, 1.0, batch_size, steps, max_decode_length=steps)),
         state, tokens)
     return {**{name: start[name] + steps * (whole[name] - start[name]) for name in ("flops", "bytes_accessed")},
             "memory": whole["memory"], "compile_s": start["compile_s"] + whole["compile_s"]}
@@ -181,6 +187,28 @@ def seconds_on(chip, name: str, program: dict) -> float:
     return max(program["flops"] / chip.peak_flops, program["bytes_accessed"] / chip.bandwidth) / MFU
 
 
+def compile_ratios(mesh, programs: dict) -> dict:
+    """How many times longer a chip's host compiles a program than this CPU (see COMPILE_RESULTS)."""
+    tpu = 1.0
+    if mesh.devices.flat[0].platform == "tpu":  # the same programs compiled for this CPU as well
+        cpu_mesh = mesh_lib.make_mesh(devices=jax.devices("cpu")[:1])
+        tpu_s = cpu_s = 0.0
+        for key, compiled in programs.items():
+            profile_name, dtype = key.split()
+            on_cpu = programs_in(jnp.dtype(dtype), cpu_mesh, get_profile(profile_name))
+            tpu_s += sum(program["compile_s"] for program in compiled.values())
+            cpu_s += sum(program["compile_s"] for program in on_cpu.values())
+        tpu = tpu_s / cpu_s
+    return {"tpu": round(tpu, 2), "gpu": round(GPU_COMPILE_RATIO, 2)}
+
+
+def compile_seconds(profile_name: str) -> dict:
+    """bench/compile.py's measured compile seconds per notebook, this CPU, the course run in order."""
+    measured = json.loads(COMPILE_RESULTS.read_text())
+    first = measured["results"][measured["current"]][profile_name]["first"]
+    return {notebook: sum(sum(seconds.values()) for seconds in programs.values()) for notebook, programs in first.items()}
+
+
 def estimate() -> dict:
     started = time.perf_counter()
     mesh = compile_target()
@@ -190,31 +218,34 @@ def estimate() -> dict:
         dtype = jnp.dtype(compute_dtype(chip.device())).name
         if f"{profile_name} {dtype}" not in programs:
             programs[f"{profile_name} {dtype}"] = programs_in(jnp.dtype(dtype), mesh, get_profile(profile_name))
-    results = {}
+    ratios, results = compile_ratios(mesh, programs), {}
     for name, (chip, count, profile_name) in setups.items():
         dtype = jnp.dtype(compute_dtype(chip.device())).name
         compiled, notebooks = programs[f"{profile_name} {dtype}"], {}
+        cpu_compile_s = compile_seconds(profile_name)
         for notebook, plan in course(get_profile(profile_name)).items():
             counts = plan["counts"]
             compute = sum(n * seconds_on(chip, program, compiled[program]) for program, n in counts.items()) / count
+            compiling = cpu_compile_s[notebook] * ratios[chip.platform]
             notebooks[notebook] = {
                 "training_runs": plan["runs"], "decoded_examples": plan["examples"],
                 "train_steps": counts.get("pretrain_step", 0) + counts.get("finetune_step", 0),
-                "minutes": (compute + plan["runs"] * RUN_OVERHEAD_S) / 60, "compute_minutes": compute / 60,
+                "minutes": (compute + compiling) / 60, "compute_minutes": compute / 60,
+                "compile_minutes": compiling / 60,
                 "memory_gb": max(compiled[program]["memory"] for program in counts) / 1e9}
         compute_minutes = sum(row["compute_minutes"] for row in notebooks.values())
-        overhead_minutes = sum(row["training_runs"] for row in notebooks.values()) * RUN_OVERHEAD_S / 60
+        compile_minutes = sum(row["compile_minutes"] for row in notebooks.values())
         memory_gb = max(row["memory_gb"] for row in notebooks.values())
         results[name] = {"chip": chip.kind, "chips": count, "profile": profile_name, "dtype": dtype,
-                         "notebooks": notebooks, "minutes": compute_minutes + overhead_minutes,
-                         "compute_minutes": compute_minutes, "memory_gb": memory_gb,
-                         "fits_in_memory": memory_gb * 1e9 <= chip.memory,
-                         "mfu_for_60_minutes": compute_minutes * MFU / (60 - overhead_minutes)}
+                         "notebooks": notebooks, "minutes": compute_minutes + compile_minutes,
+                         "compute_minutes": compute_minutes, "compile_minutes": compile_minutes,
+                         "memory_gb": memory_gb, "fits_in_memory": memory_gb * 1e9 <= chip.memory,
+                         "mfu_for_60_minutes": compute_minutes * MFU / (60 - compile_minutes)}
     return {"date": datetime.date.today().isoformat(), "commit": commit(),
             "compiled_for": mesh.devices.flat[0].device_kind, "bench_seconds": round(time.perf_counter() - started),
             "profiles": {name: dataclasses.asdict(get_profile(name)) for name in {p for *_, p in setups.values()}},
-            "assumptions": {"mfu": MFU, "run_overhead_s": RUN_OVERHEAD_S, "eval_batch": EVAL_BATCH,
-                            "validation_examples": VALIDATION_EXAMPLES,
+            "assumptions": {"mfu": MFU, "compile_ratios": ratios, "compile_results": COMPILE_RESULTS.name,
+                            "eval_batch": EVAL_BATCH, "validation_examples": VALIDATION_EXAMPLES,
                             "chips": {key: dataclasses.asdict(CHIPS[key]) for _, key, _ in SETUPS}},
             "programs": programs, "setups": results}
 
@@ -236,8 +267,8 @@ def estimates_table():
 def main():
     result = estimate()
     print(estimates_table().table(result))
-    print(f"\ncompiled for {result['compiled_for']} in {result['bench_seconds']} s; MFU {MFU:.0%}, "
-          f"{RUN_OVERHEAD_S} s per training run")
+    print(f"\ncompiled for {result['compiled_for']} in {result['bench_seconds']} s; MFU {MFU:.0%}; compiling "
+          f"{result['assumptions']['compile_ratios']} times this CPU's {COMPILE_RESULTS.name}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "accelerator_estimates.json").write_text(json.dumps(result, indent=2) + "\n")
 

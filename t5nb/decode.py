@@ -75,12 +75,14 @@ def brevity_penalty(alpha: float, length):
     return jnp.power((5.0 + length) / 6.0, alpha)
 
 
-def filter_logits(logits, top_k: int = 0, top_p: float = 1.0):
+def filter_logits(logits, top_k=0, top_p=1.0):
     """Keep the `top_k` largest logits (0: all) and the smallest set whose probability
-    reaches `top_p`; the rest become NEG_INF."""
-    if top_k:
-        kth_largest = jax.lax.top_k(logits, top_k)[0][..., -1:]
-        logits = jnp.where(logits < kth_largest, NEG_INF, logits)
+    reaches `top_p`; the rest become NEG_INF. Both may be traced: one program for every value."""
+    def top(logits):
+        kth_largest = jnp.take(jnp.sort(logits, axis=-1), logits.shape[-1] - top_k, axis=-1)[..., None]
+        return jnp.where(logits < kth_largest, NEG_INF, logits)
+
+    logits = jax.lax.cond(top_k > 0, top, lambda x: x, logits)  # no sort unless asked
 
     def nucleus(logits):
         sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
@@ -142,24 +144,23 @@ def _start(model, encoder_input_tokens, max_decode_length, copies=1):
     return jax.tree.map(lambda x: jnp.repeat(x, copies, axis=0) if x.ndim else x, cache)
 
 
-def _sample(model, encoder_input_tokens, rng, temperature, top_p, *, max_decode_length, greedy, top_k):
-    """Greedy or temperature sampling: one token per row per step."""
+def _sample(model, encoder_input_tokens, rng, temperature, top_k, top_p, rows, limit, *, max_decode_length):
+    """Greedy (temperature 0) or temperature sampling: one token per row per step, for the
+    first `rows` rows and `limit` steps (the rest pad a bucket, see `_buckets`)."""
     batch = encoder_input_tokens.shape[0]
     cache = _start(model, encoder_input_tokens, max_decode_length)
 
     def cond(state):
         step, _, _, _, done, _, _ = state
-        return (step < max_decode_length) & ~jnp.all(done)
+        return (step < limit) & ~jnp.all(done)
 
     def body(state):
         step, token, sequences, scores, done, cache, rng = state
         logits, cache = model.decode_step(token, cache)
         log_probs = jax.nn.log_softmax(logits)
         rng, key = jax.random.split(rng)
-        if greedy:
-            choice = jnp.argmax(logits, axis=-1)
-        else:
-            choice = jax.random.categorical(key, filter_logits(logits / temperature, top_k, top_p))
+        choice = jax.lax.cond(temperature == 0, lambda: jnp.argmax(logits, axis=-1),
+                              lambda: jax.random.categorical(key, filter_logits(logits / temperature, top_k, top_p)))
         choice = jnp.where(done, PAD_ID, choice).astype(jnp.int32)
         chosen = jnp.take_along_axis(log_probs, choice[:, None], axis=-1)[:, 0]
         scores = scores + jnp.where(done, 0.0, chosen)
@@ -168,15 +169,17 @@ def _sample(model, encoder_input_tokens, rng, temperature, top_p, *, max_decode_
 
     initial = (jnp.zeros((), jnp.int32), jnp.full((batch,), PAD_ID, jnp.int32),
                jnp.zeros((batch, max_decode_length), jnp.int32), jnp.zeros((batch,), jnp.float32),
-               jnp.zeros((batch,), bool), cache, rng)
+               jnp.arange(batch) >= rows, cache, rng)
     _, _, sequences, scores, _, _, _ = jax.lax.while_loop(cond, body, initial)
     return Decoded(sequences, scores)
 
 
-def _beam_search(model, encoder_input_tokens, alpha, *, max_decode_length, num_decodes):
-    """Flax WMT's beam search over the cache: `num_decodes` live and finished beams per row."""
+def _beam_search(model, encoder_input_tokens, alpha, rows, limit, *, max_decode_length, num_decodes):
+    """Flax WMT's beam search over the cache: `num_decodes` live and finished beams per row,
+    for the first `rows` rows and `limit` steps (the rest pad a bucket, see `_buckets`)."""
     batch, beams, length = encoder_input_tokens.shape[0], num_decodes, max_decode_length
     cache = _start(model, encoder_input_tokens, length, copies=beams)
+    padding = jnp.arange(batch) >= rows
 
     def take(x, indices):  # x [b, k', ...], indices [b, n] -> [b, n, ...]
         return jnp.take_along_axis(x, indices.reshape(*indices.shape, *[1] * (x.ndim - 2)), axis=1)
@@ -187,9 +190,9 @@ def _beam_search(model, encoder_input_tokens, alpha, *, max_decode_length, num_d
 
     def cond(state):
         step, live_logprobs, _, finished_scores, _, _, finished, _ = state
-        best_possible = jnp.max(live_logprobs, axis=1) / brevity_penalty(alpha, length)
+        best_possible = jnp.max(live_logprobs, axis=1) / brevity_penalty(alpha, limit)
         worst_finished = jnp.where(jnp.all(finished, axis=1), jnp.min(finished_scores, axis=1), NEG_INF)
-        return (step < length) & ~jnp.all(worst_finished > best_possible)
+        return (step < limit) & ~jnp.all((worst_finished > best_possible) | padding)
 
     def body(state):
         step, live_logprobs, live_seqs, finished_scores, finished_logprobs, finished_seqs, finished, cache = state
@@ -224,7 +227,7 @@ def _beam_search(model, encoder_input_tokens, alpha, *, max_decode_length, num_d
     _, live_logprobs, live_seqs, finished_scores, finished_logprobs, finished_seqs, finished, _ = (
         jax.lax.while_loop(cond, body, initial))
     # finished beams by score, then the live ones by score (in slots no finished beam filled)
-    scores = jnp.concatenate([finished_scores, live_logprobs / brevity_penalty(alpha, length)], axis=1)
+    scores = jnp.concatenate([finished_scores, live_logprobs / brevity_penalty(alpha, limit)], axis=1)
     group = jnp.concatenate([jnp.where(finished, 0, 2), jnp.ones_like(finished, jnp.int32)], axis=1)
     order = jnp.lexsort((-scores, group), axis=-1)[:, :beams]
     return Decoded(take(jnp.concatenate([finished_seqs, live_seqs], axis=1), order),
@@ -253,6 +256,25 @@ _sample_jit, _beam_jit, _score_jit, _rank_jit = map(_sharded, (_sample, _beam_se
 
 
 # -- public functions -------------------------------------------------------------------------
+# Decoding compiles one program per model, method, input length and these buckets of rows and of
+# steps, not one per size asked: rows and steps are padded up to a power of two, at least these.
+LEAST_ROWS, LEAST_STEPS = 8, 32
+
+
+def _buckets(encoder_input_tokens, max_decode_length: int, mesh) -> tuple[np.ndarray, int]:
+    """The inputs padded with empty rows to their bucket (a multiple of the mesh's data-parallel
+    degree), and the steps' bucket."""
+    def bucket(n, least):
+        return max(least, 1 << (n - 1).bit_length())
+
+    rows = len(encoder_input_tokens)
+    padded = bucket(rows, LEAST_ROWS)
+    if mesh is not None:
+        padded = -(-padded // mesh.shape["data"]) * mesh.shape["data"]
+    tokens = np.asarray(encoder_input_tokens)
+    return np.pad(tokens, ((0, padded - rows), (0, 0))), bucket(max_decode_length, LEAST_STEPS)
+
+
 def greedy_decode(model, encoder_input_tokens, max_decode_length: int, *, mesh=None) -> Decoded:
     """The most likely token at every step: sequences [b, L] and their log-likelihoods [b]."""
     return sample_decode(model, encoder_input_tokens, max_decode_length, temperature=0.0, mesh=mesh)
@@ -266,8 +288,12 @@ def sample_decode(model, encoder_input_tokens, max_decode_length: int, *, temper
     `seed` gives the same samples."""
     _check_settings(max_decode_length=max_decode_length, temperature=temperature, top_k=top_k, top_p=top_p)
     rng = jax.random.key(seed) if isinstance(seed, int) else seed
-    return _sample_jit(model, encoder_input_tokens, rng, jnp.float32(temperature), jnp.float32(top_p), mesh=mesh,
-                       max_decode_length=max_decode_length, greedy=temperature == 0, top_k=int(top_k))
+    rows = len(encoder_input_tokens)
+    tokens, steps = _buckets(encoder_input_tokens, max_decode_length, mesh)
+    sequences, scores = _sample_jit(model, tokens, rng, jnp.float32(temperature), jnp.int32(top_k),
+                                    jnp.float32(top_p), jnp.int32(rows), jnp.int32(max_decode_length), mesh=mesh,
+                                    max_decode_length=steps)
+    return Decoded(sequences[:rows, :max_decode_length], scores[:rows])
 
 
 def beam_search(model, encoder_input_tokens, max_decode_length: int, *, num_decodes: int = 4,
@@ -275,8 +301,11 @@ def beam_search(model, encoder_input_tokens, max_decode_length: int, *, num_deco
     """Beam search: sequences [b, num_decodes, L] ranked by log-prob / brevity_penalty(alpha,
     length), best first, and their log-likelihoods [b, num_decodes]."""
     _check_settings(max_decode_length=max_decode_length, num_decodes=num_decodes)
-    return _beam_jit(model, encoder_input_tokens, jnp.float32(alpha), mesh=mesh,
-                     max_decode_length=max_decode_length, num_decodes=int(num_decodes))
+    rows = len(encoder_input_tokens)
+    tokens, steps = _buckets(encoder_input_tokens, max_decode_length, mesh)
+    sequences, scores = _beam_jit(model, tokens, jnp.float32(alpha), jnp.int32(rows), jnp.int32(max_decode_length),
+                                  mesh=mesh, max_decode_length=steps, num_decodes=int(num_decodes))
+    return Decoded(sequences[:rows, :, :max_decode_length], scores[:rows])
 
 
 def generate(model, encoder_input_tokens, max_decode_length: int, *, method: str = "greedy", mesh=None,
