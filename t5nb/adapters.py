@@ -11,11 +11,10 @@ prompt drawn from the vocabulary's embeddings, as Lester et al. 2021 initialise 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 
 from t5nb.checkpoints.params import model_from_params, params_of
 from t5nb.config import T5Config
-from t5nb.model import Transformer
+from t5nb.model import built_on_host
 
 ADAPTERS = ("lora_a", "lora_b", "prompt")  # the parameter names adapters add
 PROMPT_INIT_TOKENS = 5000  # the prompt starts as the embeddings of tokens among the most frequent 5,000
@@ -68,10 +67,7 @@ def add_adapters(base_params: dict, config: T5Config, seed: int = 0) -> dict:
     random and `lora_b` zero (the adapted model computes what the base does), and the prompt
     the embeddings of `prompt_length` distinct tokens drawn among the vocabulary's 5,000 most
     frequent (SentencePiece numbers its pieces by frequency; 0-2 are pad, EOS and UNK)."""
-    # jitted returning the adapters only: XLA then drops the rest of the initialisation, whose
-    # compilation took most of the time (T5.1.1-tiny with LoRA: 10 s, on a 2-core AMD EPYC)
-    adapters = jax.jit(lambda: _partition(params_of(Transformer(config, rngs=nnx.Rngs(seed))),
-                                          lambda name: name in ADAPTERS)[0])()
+    adapters = _partition(params_of(built_on_host(config, seed)), lambda name: name in ADAPTERS)[0]
     if config.prompt_length:
         embedding = base_params["token_embedder"]["embedding"]
         high = max(4, min(3 + PROMPT_INIT_TOKENS, config.vocab_size - 128))  # not the sentinels nor the padding

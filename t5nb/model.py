@@ -539,3 +539,15 @@ class Transformer(nnx.Module):
     def decode_step(self, token, cache: dict):
         """One decoder position: token [b] at `cache['index']` -> logits [b, v], new cache."""
         return self.decoder.step(self.token_embedder, token, cache)
+
+
+def built_on_host(config: T5Config, seed: int) -> Transformer:
+    """A fresh `config` model built on the host's CPU (the default device where JAX has no CPU),
+    a parameter at a time (`_initial`): a few small programs, however deep the model, where one
+    program of the whole model took minutes to compile on a GPU; the same numbers."""
+    try:
+        host = jax.devices("cpu")[0]
+    except RuntimeError:  # JAX_PLATFORMS without cpu
+        host = None
+    with jax.default_device(host):
+        return Transformer(config, rngs=nnx.Rngs(seed))

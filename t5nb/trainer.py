@@ -15,7 +15,7 @@ from flax import nnx, struct
 from t5nb import adapters, layerwise
 from t5nb import mesh as mesh_lib
 from t5nb.config import T5Config
-from t5nb.model import EOS_ID, Transformer, stack_layers, unstack_layers
+from t5nb.model import EOS_ID, Transformer, built_on_host, stack_layers, unstack_layers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,14 +112,6 @@ def _abstract_params(config: T5Config):
     return nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))), nnx.Param)
 
 
-def _host_device():
-    """The host's CPU, where JAX has one (not under `JAX_PLATFORMS` without cpu), else the default device."""
-    try:
-        return jax.devices("cpu")[0]
-    except RuntimeError:
-        return None
-
-
 def _shardings(abstract):
     return jax.tree.map(lambda x: x.sharding, abstract)
 
@@ -200,12 +192,10 @@ class Trainer:
         return _COMPILED[key]
 
     def init_params(self, seed: int | None = None) -> dict:
-        """Randomly initialised parameters in this trainer's layout and shardings. The model is
-        built on the host, a parameter at a time (`model._initial`: a few small programs, where
-        one program of the whole model took minutes to compile on a GPU), then placed on the mesh."""
+        """Randomly initialised parameters in this trainer's layout and shardings: the model built
+        on the host (`model.built_on_host`), then placed on the mesh."""
         seed = self.train_config.seed if seed is None else seed
-        with jax.default_device(_host_device()):
-            params = nnx.to_pure_dict(nnx.state(Transformer(self.model_config, rngs=nnx.Rngs(seed)), nnx.Param))
+        params = nnx.to_pure_dict(nnx.state(built_on_host(self.model_config, seed), nnx.Param))
         return jax.tree.map(lambda x, sharding: jax.make_array_from_callback(x.shape, sharding, np.asarray(x).__getitem__),
                             params, self.param_shardings)
 
