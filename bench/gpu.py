@@ -1,268 +1,479 @@
-"""t5nb on a GPU, side by side with transformers' PyTorch T5 on the same GPU (issue #28).
+"""t5nb on a GPU beside transformers' PyTorch T5: the headline numbers in one call of at most 8 minutes.
 
-    python bench/gpu.py --make-curve-batches      # here (TensorFlow): real batches for `curves`
-    python bench/gpu.py [--sections S ...]        # on the GPU machine (no TensorFlow needed)
-    python bench/gpu.py --quick                   # the harness end to end on a CPU, t5.1.1-tiny
+    python bench/gpu.py                       # on the GPU machine (no TensorFlow needed); bench/GPU.md
+    python bench/gpu.py --quick               # the whole call rehearsed on a CPU, t5.1.1-tiny (3 minutes)
+    python bench/gpu.py --dry-run [--quick]   # the plan: phases, timeouts, the deadline's arithmetic
+    python bench/gpu.py --make-curve-batches  # here (TensorFlow): the real batches `curves` trains on
 
-Sections (each fits one device call; `--sections` picks):
-- `train`: T5.1.1-small and -base train steps in bfloat16 and float32 at the accelerator
-  course's shape (64 x 512/114) and at the largest batch whose planned memory fits the device:
-  t5nb's step time, compile time, peak device memory and MFU against the matmul peak measured
-  in this process; transformers with the same weights and batch, eager and `torch.compile`,
-  bfloat16 autocast (bench/run.py's harness);
-- `decode`: greedy decoding against `generate` (tokens compared) and beam search (4 beams);
-- `adapters`: a LoRA and a prompt-tuning step beside the full step;
-- `cap`: every program of the `accelerator` (bfloat16) and `fp32-gpu` (float32) courses run
-  once in a process of its own whose JAX may use 16 GB (`XLA_PYTHON_CLIENT_MEM_FRACTION`): it
-  fits a T4 or a v5e when it runs;
-- `curves`: CURVE_STEPS pretraining steps of the accelerator course's model on real batches
-  made here (`--make-curve-batches`: C4's span corruption, from the stand-in under
-  T5NB_STANDINS or from C4 itself), bfloat16 against float32 from the same initialisation: the
-  losses every CURVE_EVERY steps and their largest relative difference.
-
-Writes bench/results/gpu-<stamp>-<backend>[-quick].json and prints each section's lines.
+Each phase runs in a process of its own (this script, `--phase NAME`) under its timeout, and
+starts only if that timeout fits in what is left of `--deadline`; else it is skipped, saying
+so. They run in the headline's order of priority, t5nb before transformers: T5.1.1-small's
+bfloat16 train step at the accelerator course's 64 x 512/114 (time to the first step from the
+process's start, compile, step time, peak memory, MFU against the matmul peak measured in the
+same process), then transformers' eager step on the same weights and batch; greedy decoding at
+batch 8 and 64, then `generate` (tokens compared); T5.1.1-base's step; small at the `fp32-gpu`
+profile's 32 x 256/58 in float32; bfloat16 against float32 losses over real batches (`curves`);
+each course program in a process whose JAX may use 16 GB (`cap`); the small step again with
+malloc as `t5nb.tune_host()` sets it on a CPU (`t5nb.host.keep_freed_memory()`); `torch.compile`
+last (`--with-torch-compile`). Each figure is printed as it exists and written at once to
+bench/results/gpu-<stamp>-<backend>[-quick].json.
 """
+import argparse
+import dataclasses
+import datetime
+import json
+import math
 import os
 import pathlib
+import resource
+import shutil
+import statistics
+import subprocess
 import sys
+import tempfile
+import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))  # bench/run.py's harness
+STARTED = time.time()  # the process's start, near enough: the first step is timed from it
 
-import run as harness  # noqa: E402  (tunes the host and imports torch first)
-
-import argparse  # noqa: E402
-import datetime  # noqa: E402
-import json  # noqa: E402
-import statistics  # noqa: E402
-import subprocess  # noqa: E402
-import tempfile  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-
-from t5nb import checkpoints, decode  # noqa: E402
-from t5nb import mesh as mesh_lib  # noqa: E402
-from t5nb.config import get_config  # noqa: E402
-from t5nb.profiles import get_profile  # noqa: E402
-from t5nb.trainer import Trainer, TrainConfig  # noqa: E402
-from programs import PROGRAMS, TRAIN_STEPS, course_trainers  # noqa: E402  (bench/programs.py)
-
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-CURVE_BATCHES = pathlib.Path(__file__).resolve().parent / "gpu_curve_batches.npz"  # made here, carried there
+BENCH = pathlib.Path(__file__).resolve().parent
+RESULTS = BENCH / "results"
+CURVE_BATCHES = BENCH / "gpu_curve_batches.npz"  # made where TensorFlow is (--make-curve-batches)
 CURVE_STEPS, CURVE_EVERY, CURVE_BATCH = 300, 10, 32
 CAP_BYTES = 16 * 10**9  # a T4's and a v5e's memory
 EVAL_BATCH = 64  # the course decodes in batches of 64
-COURSE = "accelerator"
+DEADLINE_S = {False: 470, True: 170}  # 8 minutes (3 with --quick), less the seconds around the call
 
 
-def sizes(quick: bool) -> dict:
-    """What each section runs: real shapes on the GPU, t5.1.1-tiny on a CPU (`--quick`)."""
-    if quick:
-        return {"presets": ["t5.1.1-tiny"], "batch": 4, "lengths": (64, 16), "repeats": 2, "decode_batch": 2,
-                "new_tokens": 8, "curve_steps": 20, "cap_profiles": {"rehearsal": "float32"}}
-    profile = get_profile(COURSE)
-    return {"presets": ["t5.1.1-small", "t5.1.1-base"], "batch": profile.batch_size,
-            "lengths": (profile.inputs_length, profile.targets_length), "repeats": 10, "decode_batch": 8,
-            "new_tokens": 64, "curve_steps": CURVE_STEPS, "cap_profiles": {COURSE: "bfloat16", "fp32-gpu": "float32"}}
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    name: str
+    kind: str  # which function of PHASES runs it
+    timeout_s: int
+    settings: dict = dataclasses.field(default_factory=dict)
+    needs: str | None = None  # the phase whose files (under --work) this one reads
+    # first in its process: `t5nb.tune_host()`, as the course calls it (it leaves malloc alone on
+    # an accelerator's host); or `t5nb.host.keep_freed_memory()`, its malloc settings on any host
+    keep_freed_memory: bool = False
+
+    @property
+    def framework(self) -> str:
+        return "transformers" if self.kind.startswith("hf") else "t5nb"
 
 
-def device_bytes() -> int | None:
-    """The device's memory as JAX's allocator may use it; None on a CPU."""
-    stats = jax.devices()[0].memory_stats() or {}
-    return stats.get("bytes_limit")
+def plan(quick: bool = False, with_torch_compile: bool = False) -> list[Phase]:
+    """The call's phases, in the order they run."""
+    from programs import PROGRAMS  # bench/programs.py (imports JAX, which starts nothing)
+
+    def seconds(gpu: int, cpu: int) -> int:
+        return cpu if quick else gpu
+
+    course, fp32 = ("rehearsal", "rehearsal") if quick else ("accelerator", "fp32-gpu")
+    small = {"profile": course, "dtype": "bfloat16"}
+    caps = {"rehearsal": "float32"} if quick else {"accelerator": "bfloat16", "fp32-gpu": "float32"}
+    phases = [
+        Phase("train-small", "train", seconds(150, 40), {**small, "save_for_hf": True}),
+        Phase("hf-train-small", "hf_train", seconds(60, 30), needs="train-small"),
+        Phase("decode", "decode", seconds(90, 30), {  # float32 on a CPU: there transformers' tokens must be t5nb's
+            "profile": course, "dtype": "float32" if quick else "bfloat16", "batches": [2, 8] if quick else [8, 64],
+            "inputs": seconds(512, 64), "new_tokens": seconds(64, 8)}),
+        Phase("hf-decode", "hf_decode", seconds(60, 30), needs="decode"),
+        Phase("train-base", "train", seconds(90, 30), {**small, "model": "t5.1.1-tiny" if quick else "t5.1.1-base"}),
+        Phase("train-small-fp32", "train", seconds(60, 30), {"profile": fp32, "dtype": "float32"}),
+        Phase("curves", "curves", seconds(120, 40), {"profile": course, "steps": seconds(CURVE_STEPS, 20)}),
+        *(Phase(f"cap-{profile}-{program}", "cap", seconds(45, 25),
+                {"profile": profile, "dtype": dtype, "program": program})
+          for profile, dtype in caps.items() for program in PROGRAMS),
+        Phase("train-small-freed-memory-kept", "train", seconds(120, 30), small, keep_freed_memory=True),
+    ]
+    if with_torch_compile:
+        phases.append(Phase("hf-compile-small", "hf_train", seconds(150, 90), {"compiled": True}, needs="train-small"))
+    return phases
 
 
-# -- train ---------------------------------------------------------------------------------
-def bench_hf_compiled(hf_dir: str, batch: dict, dtype: str, repeats: int) -> dict:
-    """bench/run.py's transformers step with the model through `torch.compile`."""
+def schedule(phases: list[Phase], deadline: float) -> list[tuple[Phase, int, bool]]:
+    """(phase, when it ends at the latest were every phase before it to run to its timeout,
+    whether that is within the deadline): the phases sure to run, and those that run only
+    where earlier ones end early."""
+    rows, end = [], 0
+    for phase in phases:
+        end += phase.timeout_s
+        rows.append((phase, end, end <= deadline))
+    return rows
+
+
+def print_plan(phases: list[Phase], deadline: float) -> None:
+    rows = schedule(phases, deadline)
+    for i, (phase, end, sure) in enumerate(rows, 1):
+        print(f"{i:2d}. {phase.name:34s} {phase.framework:12s} up to {phase.timeout_s:3d} s, ends by {end:4d} s "
+              f"{'(sure)' if sure else '(if earlier phases end early)'}"
+              f"{', malloc as tune_host() sets it on a CPU' if phase.keep_freed_memory else ''}")
+    sure = [phase for phase, _, ok in rows if ok]
+    print(f"deadline {deadline:.0f} s: the first {len(sure)} phases fit it even at their timeouts "
+          f"({sum(p.timeout_s for p in sure)} s); a phase starts only if its timeout fits what is left")
+
+
+# -- the results file ------------------------------------------------------------------------
+def record(path: pathlib.Path, phase: str, **fields) -> None:
+    """Merge `fields` into the results file's entry for `phase` (written whole, then renamed)."""
+    results = json.loads(path.read_text())
+    results["phases"].setdefault(phase, {}).update(fields)
+    temporary = path.with_suffix(".tmp")
+    temporary.write_text(json.dumps(results, indent=2, default=float) + "\n")
+    os.replace(temporary, path)
+
+
+def gpu_memory_bytes() -> int | None:
+    """The first GPU's memory as nvidia-smi reports it; None without one."""
     try:
-        return harness.bench_hf(hf_dir, batch, dtype, 2, repeats, compiled=True)
-    except Exception as error:  # inductor needs a compiler and a supported device; report why not
-        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+        return int(out.split()[0]) * 2**20
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
 
 
-def largest_batch(config, train_config, lengths: tuple, start: int) -> int:
-    """The largest power-of-two multiple of `start` whose train step XLA plans within the device's memory."""
-    limit, batch = device_bytes(), start
-    if limit is None:
-        return start
-    while True:
-        trainer = Trainer(config, train_config, mesh_lib.make_mesh(devices=jax.devices()[:1]))
-        planned = trainer.train_step_memory(harness.make_batch(config, 2 * batch, *lengths))
-        if planned > 0.9 * limit:
-            return batch
-        batch *= 2
+def run_all(args, phases: list[Phase], deadline: float) -> None:
+    memory = gpu_memory_bytes()
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"gpu-{stamp}-{'gpu' if memory else 'cpu'}{'-quick' if args.quick else ''}.json"
+    path.write_text(json.dumps({
+        "date": datetime.datetime.now().isoformat(timespec="seconds"), "command": sys.argv, "quick": args.quick,
+        "deadline_s": deadline, "gpu_memory_bytes": memory,
+        "plan": [{"phase": p.name, "timeout_s": p.timeout_s, "keep_freed_memory": p.keep_freed_memory} for p in phases],
+        "phases": {}}, indent=2) + "\n")
+    print(f"results: {path}", flush=True)
+    work = pathlib.Path(tempfile.mkdtemp(prefix="t5nb-gpu-"))
+    status = {}
+    try:
+        for phase in phases:
+            left = deadline - (time.time() - STARTED)
+            if phase.timeout_s > left:
+                status[phase.name] = f"skipped: needs up to {phase.timeout_s} s, {left:.0f} s left"
+            elif phase.needs and status.get(phase.needs) != "done":
+                status[phase.name] = f"skipped: {phase.needs} did not finish"
+            else:
+                status[phase.name] = run_phase_process(args, phase, path, work, memory)
+            print(f"-- {phase.name}: {status[phase.name]}", flush=True)
+            record(path, phase.name, status=status[phase.name])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    done = sum(s == "done" for s in status.values())
+    print(f"{done} of {len(phases)} phases done in {time.time() - STARTED:.0f} s; results: {path}", flush=True)
 
 
-def train_section(plan: dict) -> list[dict]:
-    runs = []
-    for preset in plan["presets"]:
-        for dtype in ("bfloat16", "float32"):
-            config = get_config(preset, dtype=jnp.dtype(dtype), dropout_rate=0.0)
-            train_config = TrainConfig(learning_rate=harness.LEARNING_RATE)
-            batches = sorted({plan["batch"], largest_batch(config, train_config, plan["lengths"], plan["batch"])})
-            for batch_size in batches:
-                print(f"train: {preset} {dtype} batch {batch_size}", flush=True)
-                runs.append({"preset": preset, **train_run(config, train_config, batch_size, plan)})
-    return runs
+def run_phase_process(args, phase: Phase, path: pathlib.Path, work: pathlib.Path, memory: int | None) -> str:
+    """Run `phase` in a process of its own; what became of it."""
+    command = [sys.executable, __file__, "--phase", phase.name, "--results", str(path), "--work", str(work),
+               *(["--quick"] if args.quick else []), *(["--keep-freed-memory"] if phase.keep_freed_memory else [])]
+    env = dict(os.environ)
+    if args.quick:  # on a CPU the phases share their compiled programs, or the call takes 5 minutes
+        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(work / "jax_cache"))
+    if phase.kind == "cap" and memory:  # JAX's allocator may take this much of the GPU, no more
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{min(1.0, CAP_BYTES / memory):.4f}"
+    print(f"== {phase.name} (up to {phase.timeout_s} s)", flush=True)
+    start = time.time()
+    try:
+        code = subprocess.run(command, env=env, timeout=phase.timeout_s).returncode
+    except subprocess.TimeoutExpired:
+        return f"timed out after {phase.timeout_s} s"
+    record(path, phase.name, wall_s=time.time() - start)
+    return "done" if code == 0 else f"failed (exit {code}) after {time.time() - start:.0f} s"
 
 
-def train_run(config, train_config, batch_size: int, plan: dict) -> dict:
-    inputs, targets = plan["lengths"]
-    batch = harness.make_batch(config, batch_size, inputs, targets)
-    trainer = Trainer(config, train_config, mesh_lib.make_mesh(devices=jax.devices()[:1]))
-    params = jax.device_get(trainer.init_params())
-    dtype = jnp.dtype(config.dtype).name
-    with tempfile.TemporaryDirectory() as hf_dir:
-        checkpoints.save_hf(trainer.model(params), hf_dir)
-        hf = {"eager": harness.bench_hf(hf_dir, batch, dtype, 1, plan["repeats"]),
-              "compiled": bench_hf_compiled(hf_dir, batch, dtype, plan["repeats"])}
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    ours = harness.bench_t5nb(trainer, params, batch, 1, plan["repeats"])
-    flops = harness.analytic_train_flops(config, batch_size, inputs, targets)
-    result = {"dtype": dtype, "batch": batch_size, "lengths": [inputs, targets],
-              "analytic_flops": flops, "t5nb": ours, "hf": hf}
-    for run in (ours, *(r for r in hf.values() if "step_s" in r)):
-        run["flops_per_s"] = flops / run["step_s"]
-    best_hf = min((r["step_s"] for r in hf.values() if "step_s" in r), default=None)
-    result["speedup_vs_best_hf"] = best_hf / ours["step_s"] if best_hf else None
-    return result
+# -- in a phase's process ----------------------------------------------------------------------
+class Say:
+    """Print a figure at once, tagged with its phase, and write its fields to the results file."""
+
+    def __init__(self, path: pathlib.Path, phase: Phase):
+        self.path, self.phase = path, phase
+
+    def __call__(self, line: str, **fields) -> None:
+        print(f"[{self.phase.name}] {line}", flush=True)
+        record(self.path, self.phase.name, **fields)
+
+    def results(self, phase: str) -> dict:
+        return json.loads(self.path.read_text())["phases"].get(phase, {})
 
 
-# -- decode --------------------------------------------------------------------------------
-def decode_section(plan: dict) -> dict:
-    preset = plan["presets"][0]
-    config = get_config(preset, dtype=jnp.bfloat16 if jax.default_backend() != "cpu" else jnp.float32,
-                        dropout_rate=0.0)
-    trainer = Trainer(config, TrainConfig())
+def course_trainer(settings: dict, program: str, dtype: str | None = None):
+    """bench/programs.py's trainer of a course program: (Trainer, lengths, packed, profile)."""
+    import jax
+    import jax.numpy as jnp
+    from t5nb import mesh as mesh_lib
+    from t5nb.profiles import get_profile
+    from programs import course_trainers
+
+    profile = get_profile(settings["profile"])
+    if "model" in settings:
+        profile = dataclasses.replace(profile, model=settings["model"])
+    mesh = mesh_lib.make_mesh(devices=jax.devices()[:1])
+    trainer, lengths, packed = course_trainers(profile, jnp.dtype(dtype or settings["dtype"]), mesh)[program]
+    return trainer, lengths, packed, profile
+
+
+def device_memory() -> dict:
+    """Peak memory so far: the device's, as JAX's allocator saw it, else the process's."""
+    import jax
+
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        return {"peak_device_gb": stats["peak_bytes_in_use"] / 1e9,
+                "device_limit_gb": stats.get("bytes_limit", 0) / 1e9}
+    return {"peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}
+
+
+def describe_jax() -> dict:
+    import jax
+
+    return {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind, "jax": jax.__version__,
+            "compilation_cache": jax.config.jax_compilation_cache_dir}
+
+
+def train_phase(phase: Phase, args, say: Say) -> None:
+    from programs import analytic_train_flops, make_batch  # bench/programs.py
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from t5nb import checkpoints
+    from t5nb.system import time_matmul
+
+    trainer, lengths, _, profile = course_trainer(phase.settings, "pretrain_step")
+    config, dtype = trainer.model_config, phase.settings["dtype"]
+    rows, inputs, targets = profile.batch_size, lengths["inputs"], lengths["targets"]
+    batch = make_batch(config, rows, inputs, targets)
+    params = jax.device_get(trainer.init_params())  # kept here, for transformers' copy of the weights
+    state, sharded = trainer.init_state(params), trainer.shard_batch(batch)
+
+    def step():
+        nonlocal state
+        state, sums = trainer.train_step(state, sharded)
+        jax.block_until_ready(sums)
+
+    step()
+    first = time.time() - STARTED
+    say(f"{profile.model} {dtype} {rows} x {inputs}/{targets}: first step {first:.1f} s after the process started "
+        f"(compile {trainer.compile_seconds:.1f} s)",
+        model=profile.model, dtype=dtype, batch=[rows, inputs, targets], first_step_from_start_s=first,
+        compile_s=trainer.compile_seconds, **describe_jax())
+    times = []
+    for _ in range(1 + (3 if args.quick else 10)):  # the first one a warm-up, not counted
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    step_s = statistics.median(times[1:])
+    memory = device_memory()
+    planned = trainer.train_step_memory(batch)  # XLA's memory analysis of the step compiled above
+    state_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(trainer.abstract_state()))
+    limit = memory.get("device_limit_gb", 0) * 1e9
+    fit = int(rows * (limit - state_bytes) / (planned - state_bytes)) // 8 * 8 if limit else None
+    say(f"step {step_s * 1e3:.1f} ms (median of {len(times) - 1}), {rows * (inputs + targets) / step_s:,.0f} tokens/s; "
+        + ", ".join(f"{k.removesuffix('_gb').replace('_', ' ')} {v:.2f} GB" for k, v in memory.items())
+        + f"; XLA plans {planned / 1e9:.2f} GB" + (f", so about {fit} rows would fit" if fit else ""),
+        step_s=step_s, step_times_s=times[1:], planned_gb=planned / 1e9, rows_fitting_estimate=fit, **memory)
+    peak = time_matmul(1024 if args.quick else 8192, jnp.dtype(dtype))
+    flops = analytic_train_flops(config, rows, inputs, targets)
+    say(f"MFU {flops / step_s / peak:.1%} of the {peak / 1e12:.1f} TFLOP/s {dtype} matmul measured here",
+        analytic_flops=flops, matmul_peak_flops=peak, mfu=flops / step_s / peak)
+    if phase.settings.get("save_for_hf"):
+        out = args.work / phase.name
+        out.mkdir()
+        checkpoints.save_hf(trainer.model(params), out / "hf")
+        np.savez(out / "batch.npz", **batch)
+        (out / "meta.json").write_text(json.dumps({"dtype": dtype, "flops": flops, "step_s": step_s}))
+
+
+def decode_phase(phase: Phase, args, say: Say) -> None:
+    from programs import make_batch  # bench/programs.py
+    import numpy as np
+    from t5nb import checkpoints, decode
+
+    s = phase.settings
+    trainer, _, _, profile = course_trainer(s, "decode_batch")
     model = trainer.model(trainer.init_params())
-    tokens = harness.make_batch(config, plan["decode_batch"], plan["lengths"][0], 1, seed=1)["encoder_input_tokens"]
-    inputs = torch.from_numpy(tokens.astype(np.int64)).to(harness.torch_device())
-    n = plan["new_tokens"]
-    result = {"preset": preset, "dtype": jnp.dtype(config.dtype).name, "batch": len(tokens), "new_tokens": n}
-    with tempfile.TemporaryDirectory() as hf_dir:
-        checkpoints.save_hf(model, hf_dir)
-        hf_model = transformers.T5ForConditionalGeneration.from_pretrained(hf_dir).to(harness.torch_device()).eval()
-        for method, beams in (("greedy", 1), ("beam", 4)):
-            out = {}
-
-            def ours():
-                decoded = (decode.greedy_decode(model, tokens, n) if beams == 1
-                           else decode.beam_search(model, tokens, n, num_decodes=beams, alpha=0.0))
-                out["t5nb"] = np.asarray(decoded.sequences)
-
-            def hf():
-                with torch.no_grad(), torch.autocast(harness.torch_device().type, torch.bfloat16,
-                                                     enabled=result["dtype"] == "bfloat16"):
-                    out["hf"] = hf_model.generate(inputs, attention_mask=inputs > 0, do_sample=False, num_beams=beams,
-                                                  use_cache=True, max_new_tokens=n, min_new_tokens=n,
-                                                  **({"length_penalty": 0.0} if beams > 1 else {})  # as alpha=0
-                                                  ).cpu().numpy()[:, 1:]
-                harness.torch_sync()
-
-            row = {}
-            for name, fn in (("t5nb", ours), ("hf", hf)):
-                first, times = harness.timed_steps(fn, 1, plan["repeats"])
-                row[name] = {"s": statistics.median(times), "first_call_s": first}
-            ours_tokens = out["t5nb"].reshape(len(tokens), -1, out["t5nb"].shape[-1])[:, 0, :n]
-            row["same_tokens_frac"] = float(np.mean(ours_tokens == out["hf"][:, :n]))
-            row["speedup_vs_hf"] = row["hf"]["s"] / row["t5nb"]["s"]
-            result[method] = row
-            print(f"decode {method}: t5nb {row['t5nb']['s']:.3f} s, hf {row['hf']['s']:.3f} s, "
-                  f"same tokens {row['same_tokens_frac']:.0%}", flush=True)
-    return result
+    out = args.work / phase.name
+    out.mkdir()
+    for rows in s["batches"]:
+        tokens = make_batch(trainer.model_config, rows, s["inputs"], 1, seed=1)["encoder_input_tokens"]
+        times = []
+        for _ in range(1 + (1 if args.quick else 3)):  # the first one compiles
+            start = time.perf_counter()
+            sequences = np.asarray(decode.greedy_decode(model, tokens, s["new_tokens"]).sequences)
+            times.append(time.perf_counter() - start)
+        seconds = statistics.median(times[1:])
+        say(f"{profile.model} {s['dtype']} greedy, batch {rows}, {s['inputs']} tokens in, {s['new_tokens']} out: "
+            f"{seconds * 1e3:.1f} ms ({rows * s['new_tokens'] / seconds:,.0f} tokens/s), first call {times[0]:.1f} s",
+            **{f"batch_{rows}": {"s": seconds, "first_call_s": times[0], "inputs": s["inputs"],
+                                 "new_tokens": s["new_tokens"]}}, dtype=s["dtype"])
+        np.savez(out / f"batch_{rows}.npz", tokens=tokens, sequences=sequences)
+    checkpoints.save_hf(model, out / "hf")
 
 
-# -- adapters ------------------------------------------------------------------------------
-def adapters_section(plan: dict) -> list[dict]:
-    preset, (inputs, targets) = plan["presets"][-1], plan["lengths"]
-    dtype = jnp.bfloat16 if jax.default_backend() != "cpu" else jnp.float32
-    runs = []
-    for name, changes, train_config in (
-            ("full", {}, TrainConfig(learning_rate=1e-3)),
-            ("lora rank 8", {"lora_rank": 8}, TrainConfig(learning_rate=1e-3, parameter_scale=False)),
-            ("prompt 20", {"prompt_length": 20}, TrainConfig(learning_rate=0.3, parameter_scale=False))):
-        config = get_config(preset, dtype=dtype, dropout_rate=0.0, **changes)
-        trainer = Trainer(config, train_config, mesh_lib.make_mesh(devices=jax.devices()[:1]))
-        batch = harness.make_batch(config, plan["batch"], inputs, targets)
-        ours = harness.bench_t5nb(trainer, None, batch, 1, plan["repeats"])
-        runs.append({"method": name, "preset": preset, "dtype": jnp.dtype(dtype).name, "batch": plan["batch"], **ours})
-        print(f"adapters: {name} step {ours['step_s']:.4f} s, compile {ours['compile_s']:.1f} s", flush=True)
-    return runs
+def curves_phase(phase: Phase, args, say: Say) -> None:
+    from programs import make_batch  # bench/programs.py
+    import jax
+    import numpy as np
+
+    s = phase.settings
+    trainers = {dtype: course_trainer(s, "pretrain_step", dtype) for dtype in ("float32", "bfloat16")}
+    first, lengths, _, profile = trainers["float32"]
+    rows = profile.batch_size if args.quick else CURVE_BATCH
+    if CURVE_BATCHES.exists():
+        source, length = CURVE_BATCHES.name, {"encoder": lengths["inputs"], "decoder": lengths["targets"]}
+        stored = {name: a[:s["steps"], :rows, :length[name.split("_")[0]]].astype(np.int32)
+                  for name, a in np.load(CURVE_BATCHES).items()}
+        batches = [{name: a[i] for name, a in stored.items()} for i in range(len(stored["encoder_input_tokens"]))]
+    else:
+        source = "random tokens (no bench/gpu_curve_batches.npz)"
+        batches = [make_batch(first.model_config, rows, lengths["inputs"], lengths["targets"], seed=i)
+                   for i in range(s["steps"])]
+    losses = {}
+    for dtype, (trainer, *_) in trainers.items():  # the same initialisation: the trainers' seed
+        state, curve = trainer.init_state(), []
+        for step, batch in enumerate(batches, 1):
+            state, sums = trainer.train_step(state, trainer.shard_batch(batch))
+            if step % CURVE_EVERY == 0 or step == len(batches):
+                sums = jax.device_get(sums)
+                curve.append(float(sums["loss"] / sums["weight"]))
+        losses[dtype] = curve
+        say(f"{profile.model} {dtype}, {len(batches)} steps on {source}: losses {', '.join(f'{x:.3f}' for x in curve)}",
+            **{f"losses_{dtype}": curve}, batches=source, steps=len(batches), every=CURVE_EVERY)
+    relative = np.abs(np.subtract(losses["bfloat16"], losses["float32"])) / np.asarray(losses["float32"])
+    say(f"bfloat16 against float32: largest relative difference {relative.max():.2%}, last {relative[-1]:.2%}",
+        max_relative_difference=float(relative.max()), last_relative_difference=float(relative[-1]))
 
 
-# -- cap -----------------------------------------------------------------------------------
-def course_programs(profile, dtype, mesh) -> dict:
-    """bench/programs.py's course programs with concrete batches: name -> (Trainer, batch)."""
-    programs = {}
-    for name, (trainer, lengths, packed) in course_trainers(profile, dtype, mesh).items():
-        make = packed_batch if packed else harness.make_batch
-        programs[name] = (trainer, make(trainer.model_config, profile.batch_size, lengths["inputs"], lengths["targets"]))
-    return programs
-
-
-def packed_batch(config, batch_size: int, inputs: int, targets: int) -> dict:
+def packed_batch(config, rows: int, inputs: int, targets: int) -> dict:
     """A packed pretraining batch's features: two examples a row."""
-    batch = harness.make_batch(config, batch_size, inputs, targets)
+    import numpy as np
+    from programs import make_batch  # bench/programs.py
+
+    batch = make_batch(config, rows, inputs, targets)
     for name, length in (("encoder", inputs), ("decoder", targets)):
         half = length // 2
-        batch[f"{name}_segment_ids"] = np.repeat(np.r_[np.ones(half, np.int32), np.full(length - half, 2, np.int32)][None],
-                                                 batch_size, 0)
-        batch[f"{name}_positions"] = np.repeat(np.r_[np.arange(half), np.arange(length - half)][None].astype(np.int32),
-                                               batch_size, 0)
+        segments = np.r_[np.ones(half), np.full(length - half, 2)]
+        positions = np.r_[np.arange(half), np.arange(length - half)]
+        batch[f"{name}_segment_ids"] = np.tile(segments, (rows, 1)).astype(np.int32)
+        batch[f"{name}_positions"] = np.tile(positions, (rows, 1)).astype(np.int32)
     return batch
 
 
-def run_program(profile_name: str, dtype: str, program: str) -> dict:
-    """One course program run once here (the cap's child process): its peak device memory."""
-    profile = get_profile(profile_name)
-    trainer, batch = course_programs(profile, jnp.dtype(dtype), mesh_lib.make_mesh(devices=jax.devices()[:1]))[program]
+def cap_phase(phase: Phase, args, say: Say) -> None:
+    """One course program, run once in a process whose JAX may use CAP_BYTES of the GPU."""
+    from programs import make_batch  # bench/programs.py
+    import jax
+    import numpy as np
+    from t5nb import decode
+    from programs import TRAIN_STEPS
+
+    program = phase.settings["program"]
+    trainer, lengths, packed, profile = course_trainer(phase.settings, program)
+    batch = (packed_batch if packed else make_batch)(trainer.model_config, profile.batch_size,
+                                                     lengths["inputs"], lengths["targets"])
     state = trainer.init_state()
     if program in TRAIN_STEPS:
         state, out = trainer.train_step(state, trainer.shard_batch(batch))
     elif program == "eval_step":
         out = trainer.eval_step(state.params, trainer.shard_batch(batch))
     else:
-        tokens = batch["encoder_input_tokens"][:EVAL_BATCH]
-        tokens = np.resize(tokens, (EVAL_BATCH, tokens.shape[1]))
-        out = decode.greedy_decode(trainer.model(state.params), tokens, profile.finetune_targets_length).sequences
+        tokens = np.resize(batch["encoder_input_tokens"], (EVAL_BATCH, lengths["inputs"]))
+        out = decode.greedy_decode(trainer.model(state.params), tokens, lengths["targets"]).sequences
     jax.block_until_ready(out)
-    stats = jax.devices()[0].memory_stats() or {}
-    return {"peak_device_mb": stats.get("peak_bytes_in_use", 0) / 2**20 or None,
-            "planned_mb": trainer.train_step_memory(batch) / 2**20 if program in TRAIN_STEPS else None}
+    cap = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    planned = trainer.train_step_memory(batch) / 1e9 if program in TRAIN_STEPS else None
+    memory = device_memory()
+    say(f"{profile.model} {phase.settings['dtype']} {program} ran {'within 16 GB' if cap else 'with no cap (no GPU)'}: "
+        + ", ".join(f"{k.removesuffix('_gb').replace('_', ' ')} {v:.2f} GB" for k, v in memory.items())
+        + (f", XLA planned {planned:.2f} GB" if planned else ""),
+        cap_gb=CAP_BYTES / 1e9 if cap else None, planned_gb=planned, **memory)
 
 
-def cap_section(plan: dict) -> list[dict]:
-    limit = device_bytes()
-    fraction = min(1.0, CAP_BYTES / limit) if limit else None
-    rows = []
-    for profile_name, dtype in plan["cap_profiles"].items():
-        for program in PROGRAMS:
-            env = {**os.environ, **({"XLA_PYTHON_CLIENT_MEM_FRACTION": f"{fraction:.4f}"} if fraction else {})}
-            child = subprocess.run([sys.executable, __file__, "--child", profile_name, dtype, program],
-                                   capture_output=True, text=True, env=env)
-            row = {"profile": profile_name, "dtype": dtype, "program": program, "cap_gb": CAP_BYTES / 1e9 if fraction else None,
-                   "fits": child.returncode == 0}
-            if child.returncode == 0:
-                row.update(json.loads(child.stdout.strip().splitlines()[-1]))
-            else:
-                row["error"] = (child.stderr.strip().splitlines() or ["exit %d" % child.returncode])[-1][:300]
-            rows.append(row)
-            print(f"cap: {profile_name} {dtype} {program}: {'fits' if row['fits'] else row['error']}", flush=True)
-    return rows
+def harness():
+    """bench/run.py: transformers' train step and the torch side of the measurements (imports torch)."""
+    import run
+
+    run.transformers.logging.set_verbosity_error()
+    run.transformers.logging.disable_progress_bar()
+    return run
 
 
-# -- curves --------------------------------------------------------------------------------
+def hf_train_phase(phase: Phase, args, say: Say) -> None:
+    import numpy as np
+    import torch
+
+    run = harness()
+    work = args.work / phase.needs
+    meta = json.loads((work / "meta.json").read_text())
+    batch = dict(np.load(work / "batch.npz"))
+    compiled = phase.settings.get("compiled", False)
+    hf = run.bench_hf(str(work / "hf"), batch, meta["dtype"], 1, 3 if args.quick else 10, compiled=compiled)
+    peak = run.time_torch_matmul(1024 if args.quick else 8192, getattr(torch, meta["dtype"]))
+    mfu = meta["flops"] / hf["step_s"] / peak
+    memory = ", ".join(f"{k.removesuffix('_mb').replace('_', ' ')} {v * 2**20 / 1e9:.2f} GB"
+                       for k, v in hf.items() if k.endswith("_mb"))
+    say(f"transformers {'torch.compile' if compiled else 'eager'} {meta['dtype']} (autocast), same weights and batch: "
+        f"step {hf['step_s'] * 1e3:.1f} ms, first step {hf['first_step_s']:.1f} s, {memory}; MFU {mfu:.1%} of the "
+        f"{peak / 1e12:.1f} TFLOP/s torch matmul measured here; t5nb {hf['step_s'] / meta['step_s']:.2f}x as fast",
+        **hf, matmul_peak_flops=peak, mfu=mfu, t5nb_speedup=hf["step_s"] / meta["step_s"],
+        torch=torch.__version__, transformers=run.transformers.__version__, torch_device=run.torch_device().type)
+
+
+def hf_decode_phase(phase: Phase, args, say: Say) -> None:
+    import numpy as np
+    import torch
+
+    run = harness()
+    work, ours = args.work / phase.needs, say.results(phase.needs)
+    model = run.transformers.T5ForConditionalGeneration.from_pretrained(work / "hf").to(run.torch_device()).eval()
+    for path in sorted(work.glob("batch_*.npz"), key=lambda p: int(p.stem.split("_")[1])):
+        stored, t5nb = np.load(path), ours[path.stem]
+        inputs = torch.from_numpy(stored["tokens"].astype(np.int64)).to(run.torch_device())
+        out = {}
+
+        def generate():
+            with torch.no_grad(), torch.autocast(run.torch_device().type, torch.bfloat16,
+                                                 enabled=ours["dtype"] == "bfloat16"):
+                out["tokens"] = model.generate(inputs, attention_mask=inputs > 0, do_sample=False, num_beams=1,
+                                               use_cache=True, max_new_tokens=t5nb["new_tokens"]).cpu().numpy()[:, 1:]
+            run.torch_sync()
+
+        first, times = run.timed_steps(generate, 0, 1 if args.quick else 3)
+        seconds = statistics.median(times)
+        same = float(np.mean(stored["sequences"][:, :out["tokens"].shape[1]] == out["tokens"]))
+        say(f"transformers generate, batch {len(inputs)}: {seconds * 1e3:.1f} ms, first call {first:.1f} s; "
+            f"t5nb {seconds / t5nb['s']:.2f}x as fast; same tokens {same:.0%}",
+            **{path.stem: {"s": seconds, "first_call_s": first, "same_tokens_frac": same,
+                           "t5nb_speedup": seconds / t5nb["s"]}})
+
+
+PHASES = {"train": train_phase, "decode": decode_phase, "curves": curves_phase, "cap": cap_phase,
+          "hf_train": hf_train_phase, "hf_decode": hf_decode_phase}
+
+
+def run_phase(args) -> None:
+    import t5nb  # first: malloc's settings must precede any other thread's first allocation
+
+    tuned = t5nb.host.keep_freed_memory() if args.keep_freed_memory else t5nb.tune_host()
+    phase = {p.name: p for p in plan(args.quick, with_torch_compile=True)}[args.phase]
+    say = Say(args.results, phase)
+    record(args.results, phase.name, malloc_tuned=tuned)
+    try:
+        PHASES[phase.kind](phase, args, say)
+    except Exception as error:
+        say(f"failed: {type(error).__name__}: {(str(error).splitlines() or [''])[0][:300]}",
+            error=f"{type(error).__name__}: {error}"[:2000])
+        raise
+
+
+# -- here: the curves' real batches ------------------------------------------------------------
 def make_curve_batches(steps: int = CURVE_STEPS) -> None:
     """Here, with TensorFlow: CURVE_STEPS packed span-corruption batches of the accelerator
     course's pretraining task (CURVE_BATCH rows), tokens as uint16, into CURVE_BATCHES."""
+    import numpy as np
     from t5nb import tasks, workflow  # the input pipeline: TensorFlow, on this machine only
+    from t5nb.profiles import get_profile
 
-    profile = get_profile(COURSE)
+    profile = get_profile("accelerator")
     iterator = tasks.BatchIterator(profile.pretrain_task, workflow.feature_lengths(profile), CURVE_BATCH, seed=0)
     features = [next(iterator) for _ in range(steps)]
     arrays = {name: np.stack([f[name] for f in features]) for name in features[0]}
@@ -271,70 +482,30 @@ def make_curve_batches(steps: int = CURVE_STEPS) -> None:
     print(f"{CURVE_BATCHES}: {steps} batches of {CURVE_BATCH}, {CURVE_BATCHES.stat().st_size / 2**20:.1f} MB")
 
 
-def curves_section(plan: dict) -> dict:
-    if CURVE_BATCHES.exists():
-        stored = np.load(CURVE_BATCHES)
-        batches = [{name: stored[name][i].astype(np.int32) for name in stored.files} for i in range(len(stored["encoder_input_tokens"]))]
-        source = CURVE_BATCHES.name
-    else:  # the harness without them: random full-length batches
-        config = get_config(plan["presets"][0])
-        batches = [harness.make_batch(config, plan["batch"], *plan["lengths"], seed=i) for i in range(plan["curve_steps"])]
-        source = "random tokens"
-    batches = batches[:plan["curve_steps"]]
-    preset = plan["presets"][0]
-    losses = {}
-    for dtype in ("float32", "bfloat16"):
-        trainer = Trainer(get_config(preset, dtype=jnp.dtype(dtype), dropout_rate=0.0),
-                          TrainConfig(warmup_steps=10_000), mesh_lib.make_mesh(devices=jax.devices()[:1]))
-        state, curve = trainer.init_state(), []
-        for step, batch in enumerate(batches, 1):
-            state, sums = trainer.train_step(state, trainer.shard_batch(batch))
-            if step % CURVE_EVERY == 0 or step == len(batches):
-                sums = jax.device_get(sums)
-                curve.append(float(sums["loss"] / sums["weight"]))
-        losses[dtype] = curve
-        print(f"curves: {dtype} losses {', '.join(f'{x:.3f}' for x in curve)}", flush=True)
-    relative = np.abs(np.subtract(losses["bfloat16"], losses["float32"])) / np.asarray(losses["float32"])
-    return {"preset": preset, "batches": source, "steps": len(batches), "every": CURVE_EVERY, "losses": losses,
-            "max_relative_difference": float(relative.max()),
-            "last_relative_difference": float(relative[-1])}
-
-
-SECTIONS = {"train": train_section, "decode": decode_section, "adapters": adapters_section, "cap": cap_section,
-            "curves": curves_section}
-
-
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
-    parser.add_argument("--quick", action="store_true", help="t5.1.1-tiny at toy shapes: the harness on a CPU")
-    parser.add_argument("--make-curve-batches", action="store_true", help="write the curves' batches (needs TensorFlow)")
-    parser.add_argument("--child", nargs=3, metavar=("PROFILE", "DTYPE", "PROGRAM"), help=argparse.SUPPRESS)
-    parser.add_argument("--out", type=pathlib.Path, default=RESULTS)
-    args = parser.parse_args()
-    if args.child:
-        print(json.dumps(run_program(*args.child)))
-        return
+    parser.add_argument("--quick", action="store_true", help="t5.1.1-tiny at toy shapes: the whole call on a CPU")
+    parser.add_argument("--deadline", type=float, help=f"seconds for the whole call (default {DEADLINE_S[False]}, "
+                                                       f"{DEADLINE_S[True]} with --quick)")
+    parser.add_argument("--with-torch-compile", action="store_true", help="transformers through torch.compile, last")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    parser.add_argument("--make-curve-batches", action="store_true", help="write `curves`' batches (TensorFlow)")
+    parser.add_argument("--out", type=pathlib.Path, default=RESULTS, help="the results file's folder")
+    parser.add_argument("--phase", help="one phase, in this process (as the call runs each, with --results, --work)")
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="with --phase: t5nb.host.keep_freed_memory() first, not t5nb.tune_host()")
+    parser.add_argument("--results", type=pathlib.Path, help=argparse.SUPPRESS)
+    parser.add_argument("--work", type=pathlib.Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.phase:
+        return run_phase(args)
     if args.make_curve_batches:
-        make_curve_batches()
-        return
-    plan = sizes(args.quick)
-    peak_n = 1024 if args.quick else 8192
-    results = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "quick": args.quick,
-               "device": harness.describe_device(), "peaks": harness.matmul_peaks(peak_n)}
-    for name in args.sections:
-        results[name] = SECTIONS[name](plan)
-    for run in results.get("train", []):
-        peak = results["peaks"]["jax_bf16" if run["dtype"] == "bfloat16" else "jax_fp32"]
-        run["mfu"] = run["t5nb"]["flops_per_s"] / peak
-        print(f"train {run['preset']} {run['dtype']} batch {run['batch']}: t5nb {run['t5nb']['step_s'] * 1e3:.1f} ms "
-              f"({run['mfu']:.0%} of the measured matmul peak), best transformers "
-              f"{run['speedup_vs_best_hf'] or float('nan'):.2f}x slower")
-    args.out.mkdir(parents=True, exist_ok=True)
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = args.out / f"gpu-{stamp}-{jax.default_backend()}{'-quick' if args.quick else ''}.json"
-    path.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    print(path)
+        return make_curve_batches()
+    phases = plan(args.quick, args.with_torch_compile)
+    deadline = args.deadline or DEADLINE_S[args.quick]
+    if args.dry_run:
+        return print_plan(phases, deadline)
+    run_all(args, phases, deadline)
 
 
 if __name__ == "__main__":

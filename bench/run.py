@@ -36,10 +36,10 @@ import psutil  # noqa: E402
 import transformers  # noqa: E402
 
 from t5nb import checkpoints, decode  # noqa: E402
-from t5nb.config import T5Config, get_config  # noqa: E402
-from t5nb.model import shift_right  # noqa: E402
+from t5nb.config import get_config  # noqa: E402
 from t5nb.system import time_matmul  # noqa: E402
 from t5nb.trainer import Trainer, TrainConfig  # noqa: E402
+from programs import analytic_train_flops, make_batch  # noqa: E402  (bench/programs.py)
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 SHAPES = {  # name -> (preset, batch, input length, target length)
@@ -124,40 +124,6 @@ class PeakMemory:
 
 
 # -- work ----------------------------------------------------------------------------------
-def analytic_train_flops(c: T5Config, batch: int, inputs: int, targets: int) -> float:
-    """Matmul FLOPs of one train step: 3x the forward (backward = 2x), counted per part.
-
-    Counts projections, attention scores and mixing, MLPs and the output layer; leaves out
-    norms, softmax, embedding lookups and the optimizer (a few % at most).
-    """
-    e, hd, m, v = c.emb_dim, c.num_heads * c.head_dim, c.mlp_dim, c.vocab_size
-    n_wi = len(c.mlp_activations)
-    te, td = batch * inputs, batch * targets
-
-    def attention(q_tokens, kv_tokens, q_len, k_len):
-        projections = 2 * q_tokens * e * hd * 2 + 2 * kv_tokens * e * hd * 2  # q, out; k, v
-        return projections + 2 * 2 * batch * q_len * k_len * hd  # scores and weighted sum
-
-    def mlp(tokens):
-        return 2 * tokens * e * m * (n_wi + 1)
-
-    encoder = c.num_encoder_layers * (attention(te, te, inputs, inputs) + mlp(te))
-    decoder = c.num_decoder_layers * (attention(td, td, targets, targets)
-                                      + attention(td, te, targets, inputs) + mlp(td))
-    return 3.0 * (encoder + decoder + 2 * td * e * v)
-
-
-def make_batch(c: T5Config, batch: int, inputs: int, targets: int, seed: int = 0) -> dict:
-    """Full-length random tokens (no padding); targets end in EOS, decoder inputs shifted right."""
-    rng = np.random.default_rng(seed)
-    encoder = rng.integers(2, c.vocab_size, (batch, inputs), dtype=np.int32)
-    target = rng.integers(2, c.vocab_size, (batch, targets), dtype=np.int32)
-    target[:, -1] = 1
-    decoder_input = np.asarray(shift_right(target))
-    return {"encoder_input_tokens": encoder, "decoder_input_tokens": decoder_input,
-            "decoder_target_tokens": target}
-
-
 def timed_steps(step, warmup: int, repeats: int) -> tuple[float, list[float]]:
     """(seconds of the first call, which compiles, [seconds of each timed call after warm-up])."""
     start = time.perf_counter()

@@ -1,0 +1,262 @@
+"""Compile seconds of the accelerator course's programs, per notebook, as the notebooks compile them.
+
+    .venv/bin/python bench/compile.py                  # the working tree
+    .venv/bin/python bench/compile.py 08de568 HEAD     # those commits, side by side
+
+For each accelerator profile (`accelerator` in bfloat16, `fp32-gpu` in float32) each notebook
+runs in a fresh process, as each notebook is a fresh kernel, and builds the programs it builds
+through t5nb's own calls, at the profile's real shapes, compiled for this CPU: the Trainer's
+init, optimizer init, train and eval steps, checkpoint layout changes, and each decoding the
+notebook runs (method, batch, lengths). A program too large to run here (a train step) is
+compiled from abstract inputs; the rest run once on random weights. A program's seconds are
+what JAX reports of it: tracing and lowering, which every process does, and XLA's compile, or
+its load from the persistent cache; never its run. Where the library keeps compiled programs (`system.keep_compiled_programs`,
+what the course's setup cell calls) the notebooks share one cache folder, in course order, then
+all run again with the warm cache, as a rerun of the course would. Commits given run the same
+programs with their own t5nb (a git worktree of each on PYTHONPATH). Not counted: the hand-built
+train step of notebook 02's lesson, and 06, which the estimates leave out too.
+
+Prints a table per profile; writes bench/results/compile.json, whose seconds (the last code
+measured, its first run) bench/accelerator_estimates.py counts in each chip's course time.
+"""
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+BENCH = pathlib.Path(__file__).resolve().parent
+REPO = BENCH.parent
+PROFILES = {"accelerator": "bfloat16", "fp32-gpu": "float32"}
+NOTEBOOKS = ("02_pretraining", "03_finetuning", "04_closed_book_qa", "05_evaluation")
+# what JAX reports of building a program: tracing it and lowering it to XLA (every process), and
+# XLA's compile, or loading the compiled program from the persistent cache
+EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace", "/jax/core/compile/jaxpr_to_mlir_module_duration": "trace",
+          "/jax/core/compile/backend_compile_duration": "compile",
+          "/jax/compilation_cache/cache_retrieval_time_sec": "load"}
+
+
+# -- one notebook's programs, in a process of its own ---------------------------------------------
+def notebook_programs(profile_name: str, notebook: str) -> dict:
+    """{program: {"trace": seconds, "compile": seconds, "load": seconds}} of `notebook`'s
+    programs under profile `profile_name`."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from t5nb import adapters, checkpoints, decode, workflow
+    from t5nb.profiles import get_profile
+    from t5nb.recipe import make_trainer
+
+    seconds, current = {}, [None]
+
+    def listen(event, duration, **_):
+        if current[0] and event in EVENTS:
+            seconds[current[0]][EVENTS[event]] += duration
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+
+    def program(name, build):
+        current[0], seconds[name] = name, {"trace": 0.0, "compile": 0.0, "load": 0.0}
+        result = build()
+        jax.block_until_ready(result)
+        current[0] = None
+        return result
+
+    profile = get_profile(profile_name)
+
+    def trainer_of(recipe):  # in the profile's dtype, whatever this CPU's default
+        return make_trainer(dataclasses.replace(recipe, model={**recipe.model, "dtype": PROFILES[profile_name]}))
+
+    def length(name, lengths):
+        return lengths["targets" if name.startswith("decoder") else "inputs"]
+
+    def batch(trainer, lengths, packed):
+        names = ["encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights"]
+        names += ["encoder_segment_ids", "encoder_positions", "decoder_segment_ids", "decoder_positions"] if packed else []
+        return {name: jax.ShapeDtypeStruct((profile.batch_size, length(name, lengths)), jnp.int32,
+                                           sharding=trainer.batch_sharding) for name in names}
+
+    def tokens(rows, length):
+        return np.random.default_rng(0).integers(3, 100, (rows, length)).astype(np.int32)
+
+    def train(trainer, lengths, packed, params=None, label=""):
+        """A run's programs: its start (a fresh init, or a checkpoint's parameters given to the
+        trainer's layout), optimizer init, train step, a checkpoint of its state, eval step."""
+        params = program(f"init{label}", trainer.init_params) if params is None else params
+        state = program(f"optimizer init{label}", lambda: trainer.init_state(params))
+        program(f"train step{label}", lambda: trainer.compile_train_step(trainer.abstract_state(), batch(trainer, lengths, packed)))
+        program(f"checkpoint layout{label}", lambda: trainer.checkpoint_state(state))
+        real = {name: tokens(profile.batch_size, length(name, lengths))
+                for name in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")}
+        program(f"eval step{label}", lambda: trainer.eval_step(state.params, trainer.shard_batch(real)))
+        return state
+
+    def greedy(model, rows, inputs, length, label=""):
+        program(f"greedy {rows} x {inputs}->{length}{label}",
+                lambda: decode.greedy_decode(model, tokens(rows, inputs), length).sequences)
+
+    pre, fine = workflow.feature_lengths(profile), workflow.finetune_lengths(profile)
+    pretraining = trainer_of(workflow.pretraining_recipe(profile))
+    finetuning = trainer_of(workflow.finetune_recipe(profile, profile.finetune_task, None))
+    if notebook == "02_pretraining":
+        state = train(pretraining, pre, packed=True)
+        greedy(pretraining.model(state.params), 8, 128, 32)  # the probes: Predictor's defaults
+    elif notebook == "03_finetuning":
+        # the pretraining run's checkpoint, per layer as restored (its init compiles in 02)
+        base = checkpoints.params_of(pretraining.model(pretraining.init_params()))
+        state = train(finetuning, fine, packed=False, params=base)
+        greedy(finetuning.model(state.params), 64, fine["inputs"], fine["targets"])  # validation, infer_eval
+        train(finetuning, fine, packed=False, label=" (from scratch)")
+        for method, (adapter, _) in workflow.FINE_TUNING_METHODS.items():
+            if adapter:
+                adapted = trainer_of(workflow.finetune_recipe(profile, profile.finetune_task, None, adapter=adapter))
+                label = f" ({method})"
+                params = program(f"adapters{label}", lambda: adapters.add_adapters(base, adapted.model_config))
+                state = train(adapted, fine, packed=False, params=params, label=label)
+                greedy(adapted.model(state.params), 64, fine["inputs"], fine["targets"], label)
+    elif notebook == "04_closed_book_qa":
+        state = train(finetuning, fine, packed=False, params=pretraining.init_params())
+        model = finetuning.model(state.params)
+        greedy(model, 64, fine["inputs"], fine["targets"])
+        train(finetuning, fine, packed=False, label=" (from scratch)")
+        program(f"beam 4 x 4 beams {fine['inputs']}->{fine['targets']}",
+                lambda: decode.beam_search(model, tokens(4, fine["inputs"]), fine["targets"], num_decodes=4).sequences)
+        greedy(model, 8, fine["inputs"], fine["targets"])  # the ask widget: Predictor's batch
+    elif notebook == "05_evaluation":
+        state = train(finetuning, fine, packed=False, params=pretraining.init_params())
+        model = finetuning.model(state.params)
+        greedy(model, 64, fine["inputs"], fine["targets"])  # infer_eval, evaluate_checkpoints
+        questions = tokens(3, fine["inputs"])
+        for label, method, options in [("greedy", "greedy", {}), ("beam 4", "beam", {"num_decodes": 4}),
+                                       ("sample", "sample", {}), ("sample top-k 1", "sample", {"top_k": 1}),
+                                       ("beam 1", "beam", {"num_decodes": 1})]:
+            program(f"{label} 3 x {fine['inputs']}->8",
+                    lambda: decode.generate(model, questions, 8, method=method, **options).sequences)
+        span_model, held_out = pretraining.model(pretraining.init_params()), tokens(4, pre["inputs"])
+        for label, method, options in [("greedy", "greedy", {}), ("beam 4", "beam", {"num_decodes": 4}),
+                                       ("sample", "sample", {})]:
+            program(f"span fills: {label} 4 x {pre['inputs']}->{pre['targets']}",
+                    lambda: decode.generate(span_model, held_out, pre["targets"], method=method, **options).sequences)
+        program("rank_classify", lambda: decode.rank_classify(model, questions[:1], tokens(20, 8)[None])[1])
+    return seconds
+
+
+def child(profile_name: str, notebook: str) -> None:
+    """A notebook's process: the course's setup as on an accelerator's host (its compiled
+    programs kept, where the library keeps them), then its programs; prints their seconds as JSON."""
+    import t5nb
+    from t5nb import host, system
+
+    host.accelerator_host = lambda: True  # where the library asks (tune_host), this is an accelerator's host
+    t5nb.tune_host()  # as the setup cell does: at 08de568 one malloc arena on every host
+
+    kept = hasattr(system, "keep_compiled_programs")
+    if kept:
+        system.keep_compiled_programs()
+    print(json.dumps({"kept": kept, "programs": notebook_programs(profile_name, notebook)}))
+
+
+# -- the course: each notebook a process, in order ------------------------------------------------
+def course(code: pathlib.Path, profile_name: str, runs: pathlib.Path) -> tuple[dict, bool]:
+    """({notebook: {program: seconds}}, whether compiled programs were kept) with t5nb from
+    `code`, the runs (and kept programs) in `runs`."""
+    env = {**os.environ, "PYTHONPATH": str(code), "T5NB_RUNS_DIR": str(runs), "JAX_PLATFORMS": "cpu"}
+    for variable in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "XLA_FLAGS"):
+        env.pop(variable, None)  # the course's own settings, not a test run's
+    result = {}
+    for notebook in NOTEBOOKS:
+        run = subprocess.run([sys.executable, __file__, "--child", profile_name, notebook], env=env, cwd=code,
+                             capture_output=True, text=True)
+        if run.returncode:
+            raise RuntimeError(f"{notebook} ({profile_name}, {code}) failed:\n{run.stderr[-3000:]}")
+        child_result = json.loads(run.stdout.strip().splitlines()[-1])
+        result[notebook], kept = child_result["programs"], child_result["kept"]
+        print(f"  {profile_name} {notebook}: {total(result[notebook]):.1f} s", flush=True)
+    return result, kept
+
+
+def measure(code: pathlib.Path, profiles) -> dict:
+    """Per profile: the course's first run and, where compiled programs are kept, a rerun (the
+    same runs folder); where none are, a rerun compiles the first run's programs again."""
+    out = {}
+    for profile_name in profiles:
+        with tempfile.TemporaryDirectory(prefix="t5nb-compile-") as runs:
+            first, kept = course(code, profile_name, pathlib.Path(runs))
+            rerun = course(code, profile_name, pathlib.Path(runs))[0] if kept else first
+            out[profile_name] = {"first": first, "rerun": rerun, "kept": kept}
+    return out
+
+
+def total(programs: dict, part: str | None = None) -> float:
+    """Seconds of `programs`: tracing and lowering, compiling and loading, or one `part`
+    ("trace", "compile", "load")."""
+    return sum(sum(seconds.values()) if part is None else seconds[part] for seconds in programs.values())
+
+
+def commit(ref: str = "HEAD") -> str:
+    return subprocess.run(["git", "rev-parse", "--short", ref], capture_output=True, text=True, cwd=REPO).stdout.strip()
+
+
+def measure_commit(ref: str, profiles) -> dict:
+    """`measure` with t5nb as of commit `ref`, from a worktree of it."""
+    with tempfile.TemporaryDirectory(prefix="t5nb-commit-") as tree:
+        subprocess.run(["git", "worktree", "add", "--detach", tree, ref], cwd=REPO, check=True, capture_output=True)
+        try:
+            return measure(pathlib.Path(tree), profiles)
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=REPO, capture_output=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("commits", nargs="*", help="commits to measure, each from a worktree of its own, in "
+                        "this order (the last is the one the estimates count); none: the working tree")
+    parser.add_argument("--profiles", nargs="+", choices=list(PROFILES), default=list(PROFILES))
+    parser.add_argument("--child", nargs=2, metavar=("PROFILE", "NOTEBOOK"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(*args.child)
+    started, results = time.perf_counter(), {}
+    for ref in args.commits:
+        print(f"{ref} ({commit(ref)}):", flush=True)
+        results[commit(ref)] = measure_commit(ref, args.profiles)
+    if not args.commits:
+        dirty = subprocess.run(["git", "status", "--porcelain", "t5nb"], capture_output=True, text=True, cwd=REPO)
+        label = commit() + ("+changes" if dirty.stdout.strip() else "")
+        print(f"{label}:", flush=True)
+        results[label] = measure(REPO, args.profiles)
+    for profile_name in args.profiles:
+        print(f"\n{profile_name} ({PROFILES[profile_name]}): seconds to trace, lower, compile or load each "
+              "program (of which XLA's compile), per notebook, each a fresh process")
+        print("| code | " + " | ".join(n[:2] for n in NOTEBOOKS) + " | **course** | rerun |")
+        print("|---|" + "---:|" * (len(NOTEBOOKS) + 2))
+        for code, result in results.items():
+            first, rerun = result[profile_name]["first"], result[profile_name]["rerun"]
+            cells = [f"{total(first[n]):.1f} ({total(first[n], 'compile'):.1f})" for n in NOTEBOOKS]
+            course_total = sum(total(first[n]) for n in NOTEBOOKS)
+            course_compile = sum(total(first[n], "compile") for n in NOTEBOOKS)
+            rerun_total, rerun_compile = (sum(total(rerun[n], part) for n in NOTEBOOKS) for part in (None, "compile"))
+            print(f"| {code} | " + " | ".join(cells) + f" | **{course_total:.1f} ({course_compile:.1f})** | "
+                  f"{rerun_total:.1f} ({rerun_compile:.1f}) |")
+    path = BENCH / "results" / "compile.json"
+    path.write_text(json.dumps({"date": datetime.date.today().isoformat(), "compiled_for": "cpu", "cpu": _cpu(),
+                                "bench_seconds": round(time.perf_counter() - started), "profiles": PROFILES,
+                                "current": list(results)[-1], "results": results}, indent=2) + "\n")
+    print(f"\nwrote {path.relative_to(REPO)}")
+
+
+def _cpu() -> str:
+    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("model name"):
+            return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+    return f"{os.cpu_count()} cores"
+
+
+if __name__ == "__main__":
+    main()
