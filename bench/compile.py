@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/compile.py                  # the working tree
     .venv/bin/python bench/compile.py 08de568 HEAD     # those commits, side by side
+    .venv/bin/python bench/compile.py --tables         # the tables of bench/results/compile.json
 
 For each accelerator profile (`accelerator` in bfloat16, `fp32-gpu` in float32) each notebook
 runs in a fresh process, as each notebook is a fresh kernel, and builds the programs it builds
@@ -10,9 +11,9 @@ init, optimizer init, train and eval steps, checkpoint layout changes, and each 
 notebook runs (method, batch, lengths). A program too large to run here (a train step) is
 compiled from abstract inputs; the rest run once on random weights. A program's seconds are
 what JAX reports of it: tracing and lowering, which every process does, and XLA's compile, or
-its load from the persistent cache; never its run. Where the library keeps compiled programs (`system.keep_compiled_programs`,
-what the course's setup cell calls) the notebooks share one cache folder, in course order, then
-all run again with the warm cache, as a rerun of the course would. Commits given run the same
+its load from the persistent cache; never its run. Where the library keeps compiled programs
+(`system.keep_compiled_programs`, what the course's setup cell calls) the notebooks share one
+cache folder, in course order, then all run again with the warm cache, as a rerun would. Commits given run the same
 programs with their own t5nb (a git worktree of each on PYTHONPATH). Not counted: the hand-built
 train step of notebook 02's lesson, and 06, which the estimates leave out too.
 
@@ -34,8 +35,8 @@ BENCH = pathlib.Path(__file__).resolve().parent
 REPO = BENCH.parent
 PROFILES = {"accelerator": "bfloat16", "fp32-gpu": "float32"}
 NOTEBOOKS = ("02_pretraining", "03_finetuning", "04_closed_book_qa", "05_evaluation")
-# what JAX reports of building a program: tracing it and lowering it to XLA (every process), and
-# XLA's compile, or loading the compiled program from the persistent cache
+# what JAX reports of building a program: tracing it and lowering it to XLA (every process), its
+# compile (XLA's, or the compiled program loaded from the persistent cache), and of that the load
 EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace", "/jax/core/compile/jaxpr_to_mlir_module_duration": "trace",
           "/jax/core/compile/backend_compile_duration": "compile",
           "/jax/compilation_cache/cache_retrieval_time_sec": "load"}
@@ -194,9 +195,11 @@ def measure(code: pathlib.Path, profiles) -> dict:
 
 
 def total(programs: dict, part: str | None = None) -> float:
-    """Seconds of `programs`: tracing and lowering, compiling and loading, or one `part`
-    ("trace", "compile", "load")."""
-    return sum(sum(seconds.values()) if part is None else seconds[part] for seconds in programs.values())
+    """Seconds of `programs`: in all (tracing, lowering, compiling or loading), or one `part`:
+    "xla" (XLA's compile, what the cache saves), "load" (from the cache), "trace" (and lowering)."""
+    parts = {None: lambda s: s["trace"] + s["compile"], "xla": lambda s: s["compile"] - s["load"],
+             "load": lambda s: s["load"], "trace": lambda s: s["trace"]}
+    return sum(parts[part](seconds) for seconds in programs.values())
 
 
 def commit(ref: str = "HEAD") -> str:
@@ -213,15 +216,35 @@ def measure_commit(ref: str, profiles) -> dict:
             subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=REPO, capture_output=True)
 
 
+def print_tables(results: dict) -> None:
+    """Per profile, a row per code measured: seconds per notebook and the course's, in all and
+    (in brackets) XLA's compile alone, first and on a rerun."""
+    for profile_name in next(iter(results.values())):
+        print(f"\n{profile_name} ({PROFILES[profile_name]}): seconds to trace, lower and compile (or load) the "
+              "notebooks' programs, each notebook a fresh process; in brackets XLA's compile alone")
+        print("| code | " + " | ".join(n[:2] for n in NOTEBOOKS) + " | **course** | rerun |")
+        print("|---|" + "---:|" * (len(NOTEBOOKS) + 2))
+        for code, result in results.items():
+            first, rerun = result[profile_name]["first"], result[profile_name]["rerun"]
+            cells = [f"{total(first[n]):.1f} ({total(first[n], 'xla'):.1f})" for n in NOTEBOOKS]
+            course_s, rerun_s = ([sum(total(run[n], part) for n in NOTEBOOKS) for part in (None, "xla")]
+                                 for run in (first, rerun))
+            print(f"| {code} | " + " | ".join(cells) + f" | **{course_s[0]:.1f} ({course_s[1]:.1f})** | "
+                  f"{rerun_s[0]:.1f} ({rerun_s[1]:.1f}) |")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("commits", nargs="*", help="commits to measure, each from a worktree of its own, in "
                         "this order (the last is the one the estimates count); none: the working tree")
     parser.add_argument("--profiles", nargs="+", choices=list(PROFILES), default=list(PROFILES))
+    parser.add_argument("--tables", action="store_true", help="print the tables of bench/results/compile.json")
     parser.add_argument("--child", nargs=2, metavar=("PROFILE", "NOTEBOOK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(*args.child)
+    if args.tables:
+        return print_tables(json.loads((BENCH / "results" / "compile.json").read_text())["results"])
     started, results = time.perf_counter(), {}
     for ref in args.commits:
         print(f"{ref} ({commit(ref)}):", flush=True)
@@ -231,19 +254,7 @@ def main():
         label = commit() + ("+changes" if dirty.stdout.strip() else "")
         print(f"{label}:", flush=True)
         results[label] = measure(REPO, args.profiles)
-    for profile_name in args.profiles:
-        print(f"\n{profile_name} ({PROFILES[profile_name]}): seconds to trace, lower, compile or load each "
-              "program (of which XLA's compile), per notebook, each a fresh process")
-        print("| code | " + " | ".join(n[:2] for n in NOTEBOOKS) + " | **course** | rerun |")
-        print("|---|" + "---:|" * (len(NOTEBOOKS) + 2))
-        for code, result in results.items():
-            first, rerun = result[profile_name]["first"], result[profile_name]["rerun"]
-            cells = [f"{total(first[n]):.1f} ({total(first[n], 'compile'):.1f})" for n in NOTEBOOKS]
-            course_total = sum(total(first[n]) for n in NOTEBOOKS)
-            course_compile = sum(total(first[n], "compile") for n in NOTEBOOKS)
-            rerun_total, rerun_compile = (sum(total(rerun[n], part) for n in NOTEBOOKS) for part in (None, "compile"))
-            print(f"| {code} | " + " | ".join(cells) + f" | **{course_total:.1f} ({course_compile:.1f})** | "
-                  f"{rerun_total:.1f} ({rerun_compile:.1f}) |")
+    print_tables(results)
     path = BENCH / "results" / "compile.json"
     path.write_text(json.dumps({"date": datetime.date.today().isoformat(), "compiled_for": "cpu", "cpu": _cpu(),
                                 "bench_seconds": round(time.perf_counter() - started), "profiles": PROFILES,

@@ -43,7 +43,7 @@ def _query_init(head_dim: int):
 
 @functools.partial(jax.jit, static_argnums=(0, 2))
 def _initial(init, key, shape):
-    """A parameter's first value in float32. A model built outside jit (`Trainer.init_params`)
+    """A parameter's first value in float32. A model built outside jit (`built_on_host`)
     compiles one small program per initialiser and shape, however many layers it has; inside
     jit, the same numbers."""
     return init(key, shape, jnp.float32)

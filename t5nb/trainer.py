@@ -117,9 +117,9 @@ def _shardings(abstract):
 
 
 # Compiled steps shared by a process's Trainers, keyed by all they depend on: a notebook's
-# fine-tunings of one model, or a sweep's runs, trace, lower and compile each step once (about a
-# second a run for a tiny model on a CPU, from JAX's persistent cache; minutes on a TPU, where
-# no persistent cache is set). The newest `_COMPILED_KEPT` are kept.
+# fine-tunings of one model, or a sweep's runs, trace, lower and compile (or load from JAX's
+# persistent cache) each step once: a second or two a run for a small model. The newest
+# `_COMPILED_KEPT` are kept.
 _COMPILED: collections.OrderedDict = collections.OrderedDict()
 _COMPILED_KEPT = 32
 

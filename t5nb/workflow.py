@@ -72,8 +72,8 @@ EXAMPLE_QUESTIONS = {
 def pretraining_recipe(profile: Profile, num_steps: int | None = None, *, task: str | None = None,
                        model: dict | None = None, name: str = "") -> Recipe:
     """T5.1.1 span-corruption pretraining (the profile's task, model and its execution, batch
-    and lengths): no dropout, Adafactor with T5X's rsqrt decay (1e-2 for 10k steps), four checkpoints, into
-    `pretraining_dir`. A variant (06's) trains on another `task`, changes `model` (a preset
+    and lengths): no dropout, Adafactor with T5X's rsqrt decay (1e-2 for 10k steps), four
+    checkpoints, into `pretraining_dir`. A variant (06's) trains on another `task`, changes `model` (a preset
     and/or T5Config fields) and goes to `pretraining_dir(profile, name)`."""
     steps = num_steps or profile.pretrain_steps
     return Recipe(model={"preset": profile.model, "dropout_rate": 0.0, **(profile.execution or {}), **(model or {})},
@@ -128,9 +128,9 @@ def finetune_recipe(profile: Profile, task, init, num_steps: int | None = None, 
     """Fine-tuning `init` (a checkpoint: a run or Hugging Face directory, `hf://<org>/<repo>`
     or a T5X checkpoint of the profile's preset; None: random initialisation) on `task`, T5X
     style, the model run as the profile says (`execution`): Adafactor at a constant learning
-    rate 1e-3, no dropout; validation loss and the
-    task's metrics on a decoded sample every `profile.eval_every` steps; the final state kept
-    (and one every `checkpoint_every` steps), into `finetune_dir(profile, task, name)`.
+    rate 1e-3, no dropout; validation loss and the task's metrics on a decoded sample every
+    `profile.eval_every` steps; the final state kept (and one every `checkpoint_every` steps),
+    into `finetune_dir(profile, task, name)`.
     `adapter` (model fields such as `{"lora_rank": 8}`, see `t5nb.adapters`) trains adapters on
     the frozen `init` instead, with Adafactor's steps not scaled by the parameters' size."""
     if init is not None and not isinstance(init, (str, os.PathLike)):
