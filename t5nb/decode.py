@@ -257,8 +257,9 @@ _sample_jit, _beam_jit, _score_jit, _rank_jit = map(_sharded, (_sample, _beam_se
 
 # -- public functions -------------------------------------------------------------------------
 # Decoding compiles one program per model, method, input length and these buckets of rows and of
-# steps, not one per size asked: rows and steps are padded up to a power of two, at least these.
-LEAST_ROWS, LEAST_STEPS = 8, 32
+# steps, not one per size asked: rows and steps are padded up to a power of two, steps to at least
+# LEAST_STEPS (a longer cache costs a step little; more rows cost a CPU in proportion).
+LEAST_ROWS, LEAST_STEPS = 1, 32
 
 
 def _buckets(encoder_input_tokens, max_decode_length: int, mesh) -> tuple[np.ndarray, int]:

@@ -542,11 +542,11 @@ class Transformer(nnx.Module):
 
 
 def built_on_host(config: T5Config, seed: int) -> Transformer:
-    """A fresh `config` model built on the host's CPU (the default device where JAX has no CPU),
-    a parameter at a time (`_initial`): a few small programs, however deep the model, where one
-    program of the whole model took minutes to compile on a GPU; the same numbers."""
+    """A fresh `config` model built on this process's CPU (the default device where JAX has no
+    CPU), a parameter at a time (`_initial`): a few small programs, however deep the model, where
+    one program of the whole model took minutes to compile on a GPU; the same numbers."""
     try:
-        host = jax.devices("cpu")[0]
+        host = jax.local_devices(backend="cpu")[0]
     except RuntimeError:  # JAX_PLATFORMS without cpu
         host = None
     with jax.default_device(host):
