@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/accelerator_estimates.py
     PYTHONPATH=/tmp/libtpu .venv/bin/python bench/accelerator_estimates.py   # compiled for a TPU v5e
+    .venv/bin/python bench/accelerator_estimates.py --recount   # the same programs, new compile seconds
 
 Each setup (a chip of `profiles.CHIPS`, and how many: Colab's v5e-1 and T4, Kaggle's v5e-8 and
 2 x T4, ...) gets the profile and dtype that detection gives it (`profiles.profile_name_for`,
@@ -32,6 +33,7 @@ import json  # noqa: E402
 import math  # noqa: E402
 import pathlib  # noqa: E402
 import subprocess  # noqa: E402
+import sys  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
@@ -111,13 +113,32 @@ def abstract_batch(trainer: Trainer, batch_size: int, lengths: dict, packed: boo
 
 def train_step(trainer: Trainer, batch: dict) -> dict:
     """`trainer`'s own train step (`Trainer.compile_train_step`), for its abstract state."""
-    return cost_of(lambda: trainer.compile_train_step(trainer.abstract_state(), batch))
+    cost = cost_of(lambda: trainer.compile_train_step(trainer.abstract_state(), batch))
+    return {**cost, "flops": unrolled_flops(trainer, batch, step=True)}
 
 
 def eval_step(trainer: Trainer, batch: dict) -> dict:
     """`trainer`'s teacher-forced eval step, as `Trainer.eval_step` jits it."""
     with mesh_lib.activation_sharding(trainer.mesh, trainer.rules):
-        return compiled_cost(jax.jit(lambda p, b: trainer._sums(p, trainer.frozen, b, None)[1]), trainer.abstract_state().params, batch)
+        cost = compiled_cost(jax.jit(lambda p, b: trainer._sums(p, trainer.frozen, b, None)[1]),
+                             trainer.abstract_state().params, batch)
+    return {**cost, "flops": unrolled_flops(trainer, batch, step=False)}
+
+
+def unrolled_flops(trainer: Trainer, batch: dict, step: bool) -> float:
+    """FLOPs of `trainer`'s train step (or eval step) with its layers unrolled, from XLA's cost
+    analysis of the program lowered for this CPU (nothing compiled; the count does not depend
+    on the chip): the analysis counts a scanned stack's layer once. The recomputation a remat
+    policy adds (elementwise work) is left out."""
+    twin = Trainer(trainer.model_config.replace(scan_layers=False, remat_policy="none"), trainer.train_config,
+                   mesh_lib.make_mesh(devices=jax.devices("cpu")[:1]), trainer.rules)
+    state = twin.abstract_state()
+    batch = {name: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=twin.batch_sharding) for name, x in batch.items()}
+    with mesh_lib.activation_sharding(twin.mesh, twin.rules):
+        lowered = (jax.jit(twin._train_step_fn).lower(state, {}, batch) if step
+                   else jax.jit(lambda p, b: twin._sums(p, {}, b, None)[1]).lower(state.params, batch))
+    cost = lowered.cost_analysis()
+    return (cost[0] if isinstance(cost, list) else cost)["flops"]
 
 
 def greedy_decoding(config, mesh, batch_size: int, lengths: dict) -> dict:
@@ -213,16 +234,33 @@ def compile_seconds(profile_name: str) -> dict:
 def estimate() -> dict:
     started = time.perf_counter()
     mesh = compile_target()
-    setups = {name: (CHIPS[key], count, profile_name_for(CHIPS[key].device())) for name, key, count in SETUPS}
     programs = {}  # "<profile> <dtype>" -> its programs
-    for chip, _, profile_name in setups.values():
+    for chip, _, profile_name in setups().values():
         dtype = jnp.dtype(compute_dtype(chip.device())).name
         if f"{profile_name} {dtype}" not in programs:
             programs[f"{profile_name} {dtype}"] = programs_in(jnp.dtype(dtype), mesh, get_profile(profile_name))
-    ratios, results = compile_ratios(mesh, programs), {}
-    for name, (chip, count, profile_name) in setups.items():
+    result = {"date": datetime.date.today().isoformat(), "commit": commit(),
+              "compiled_for": mesh.devices.flat[0].device_kind, "bench_seconds": round(time.perf_counter() - started),
+              "profiles": {name: dataclasses.asdict(get_profile(name)) for name in {p for *_, p in setups().values()}},
+              "assumptions": {"mfu": MFU, "compile_ratios": compile_ratios(mesh, programs),
+                              "eval_batch": EVAL_BATCH, "validation_examples": VALIDATION_EXAMPLES,
+                              "chips": {key: dataclasses.asdict(CHIPS[key]) for _, key, _ in SETUPS}},
+              "programs": programs}
+    return count(result)
+
+
+def setups() -> dict:
+    """name -> (chip, how many, the profile detection gives it)."""
+    return {name: (CHIPS[key], count, profile_name_for(CHIPS[key].device())) for name, key, count in SETUPS}
+
+
+def count(result: dict) -> dict:
+    """`result` with each setup's minutes per notebook: its programs' compute, and compiling for
+    `COMPILE_RESULTS`' seconds times the chip's ratio."""
+    ratios, results = result["assumptions"]["compile_ratios"], {}
+    for name, (chip, count, profile_name) in setups().items():
         dtype = jnp.dtype(compute_dtype(chip.device())).name
-        compiled, notebooks = programs[f"{profile_name} {dtype}"], {}
+        compiled, notebooks = result["programs"][f"{profile_name} {dtype}"], {}
         cpu_compile_s = compile_seconds(profile_name)
         for notebook, plan in course(get_profile(profile_name)).items():
             counts = plan["counts"]
@@ -242,13 +280,10 @@ def estimate() -> dict:
                          "compute_minutes": compute_minutes, "compile_minutes": compile_minutes,
                          "memory_gb": memory_gb, "fits_in_memory": memory_gb * 1e9 <= chip.memory,
                          "mfu_for_60_minutes": compute_minutes * MFU / (60 - compile_minutes)}
-    return {"date": datetime.date.today().isoformat(), "commit": commit(),
-            "compiled_for": mesh.devices.flat[0].device_kind, "bench_seconds": round(time.perf_counter() - started),
-            "profiles": {name: dataclasses.asdict(get_profile(name)) for name in {p for *_, p in setups.values()}},
-            "assumptions": {"mfu": MFU, "compile_ratios": ratios, "compile_results": COMPILE_RESULTS.name,
-                            "eval_batch": EVAL_BATCH, "validation_examples": VALIDATION_EXAMPLES,
-                            "chips": {key: dataclasses.asdict(CHIPS[key]) for _, key, _ in SETUPS}},
-            "programs": programs, "setups": results}
+    compile_results = json.loads(COMPILE_RESULTS.read_text())
+    return {**result, "assumptions": {**result["assumptions"], "compile_results": {
+        "file": COMPILE_RESULTS.name, "commit": compile_results["current"], "cpu": compile_results["cpu"]}},
+        "setups": results}
 
 
 def commit() -> str:
@@ -266,12 +301,14 @@ def estimates_table():
 
 
 def main():
-    result = estimate()
+    path = RESULTS / "accelerator_estimates.json"
+    # --recount: the course times again from the programs kept in the JSON, for new compile seconds
+    result = count(json.loads(path.read_text())) if "--recount" in sys.argv[1:] else estimate()
     print(estimates_table().table(result))
     print(f"\ncompiled for {result['compiled_for']} in {result['bench_seconds']} s; MFU {MFU:.0%}; compiling "
           f"{result['assumptions']['compile_ratios']} times this CPU's {COMPILE_RESULTS.name}")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "accelerator_estimates.json").write_text(json.dumps(result, indent=2) + "\n")
+    path.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":
