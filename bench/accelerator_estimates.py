@@ -294,7 +294,8 @@ def commit() -> str:
 
 def estimates_table():
     """scripts/estimates_table.py, which writes the docs' tables from this script's JSON."""
-    spec = importlib.util.spec_from_file_location("estimates_table", RESULTS.parents[1] / "scripts" / "estimates_table.py")
+    script = RESULTS.parents[1] / "scripts" / "estimates_table.py"
+    spec = importlib.util.spec_from_file_location("estimates_table", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

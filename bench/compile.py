@@ -79,7 +79,8 @@ def notebook_programs(profile_name: str, notebook: str) -> dict:
 
     def batch(trainer, lengths, packed):
         names = ["encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights"]
-        names += ["encoder_segment_ids", "encoder_positions", "decoder_segment_ids", "decoder_positions"] if packed else []
+        if packed:
+            names += ["encoder_segment_ids", "encoder_positions", "decoder_segment_ids", "decoder_positions"]
         return {name: jax.ShapeDtypeStruct((profile.batch_size, length(name, lengths)), jnp.int32,
                                            sharding=trainer.batch_sharding) for name in names}
 
@@ -91,7 +92,8 @@ def notebook_programs(profile_name: str, notebook: str) -> dict:
         trainer's layout), optimizer init, train step, a checkpoint of its state, eval step."""
         params = program(f"init{label}", trainer.init_params) if params is None else params
         state = program(f"optimizer init{label}", lambda: trainer.init_state(params))
-        program(f"train step{label}", lambda: trainer.compile_train_step(trainer.abstract_state(), batch(trainer, lengths, packed)))
+        program(f"train step{label}",
+                lambda: trainer.compile_train_step(trainer.abstract_state(), batch(trainer, lengths, packed)))
         program(f"checkpoint layout{label}", lambda: trainer.checkpoint_state(state))
         real = {name: tokens(profile.batch_size, length(name, lengths))
                 for name in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")}

@@ -15,8 +15,8 @@ PROGRAMS = (*TRAIN_STEPS, "eval_step", "decode_batch")  # the keys of `course_tr
 
 def course_trainers(profile, dtype, mesh) -> dict:
     """name -> (Trainer, feature lengths, packed): the profile's model as it runs it (`execution`);
-    pretraining (T5.1.1 span corruption, no dropout, T5X's rsqrt schedule) and fine-tuning (Adafactor at 1e-3), whose trainer also runs
-    the course's eval step and greedy decoding. The presets' vocabulary is T5's: a profile on
+    pretraining (T5.1.1 span corruption, no dropout, T5X's rsqrt schedule) and fine-tuning
+    (Adafactor at 1e-3), whose trainer also runs the course's eval step and greedy decoding. The presets' vocabulary is T5's: a profile on
     another (the facts world's) sizes its models to its task's, which needs the task."""
     if profile.vocabulary != "t5":
         raise ValueError(f"profile {profile.name!r} trains on the {profile.vocabulary!r} vocabulary; "
