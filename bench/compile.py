@@ -3,12 +3,14 @@
     .venv/bin/python bench/compile.py                  # the working tree
     .venv/bin/python bench/compile.py 08de568 HEAD     # those commits, side by side
     .venv/bin/python bench/compile.py --tables         # the tables of bench/results/compile.json
+    python bench/compile.py --accelerator --out DIR/compile-gpu.json   # compiled for this machine's GPU or TPU
 
 For each accelerator profile (`accelerator` in bfloat16, `fp32-gpu` in float32) each notebook
 runs in a fresh process, as each notebook is a fresh kernel, and builds the programs it builds
 through t5nb's own calls, at the profile's real shapes, compiled for this CPU: the Trainer's
 init, optimizer init, train and eval steps, checkpoint layout changes, and each decoding the
-notebook runs (method, batch, lengths). A program too large to run here (a train step) is
+notebook runs (method, batch, lengths); with --accelerator, for JAX's default backend (a GPU's or
+a TPU's compiler, on that machine). A program too large to run here (a train step) is
 compiled from abstract inputs; the rest run once on random weights. A program's seconds are
 what JAX reports of it: tracing and lowering, which every process does, and XLA's compile, or
 its load from the persistent cache; never its run. Where the library keeps compiled programs
@@ -17,7 +19,7 @@ cache folder, in course order, then all run again with the warm cache, as a reru
 programs with their own t5nb (a git worktree of each on PYTHONPATH). Not counted: the hand-built
 train step of notebook 02's lesson, and 06, which the estimates leave out too.
 
-Prints a table per profile; writes bench/results/compile.json, whose seconds (the last code
+Prints a table per profile; writes bench/results/compile.json (or --out) after each notebook, whose seconds (the last code
 measured, its first run) bench/accelerator_estimates.py counts in each chip's course time.
 """
 import argparse
@@ -50,9 +52,8 @@ def notebook_programs(profile_name: str, notebook: str) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from t5nb import adapters, checkpoints, decode, workflow
+    from t5nb import adapters, checkpoints, decode
     from t5nb.profiles import get_profile
-    from t5nb.recipe import make_trainer
 
     seconds, current = {}, [None]
 
@@ -70,9 +71,6 @@ def notebook_programs(profile_name: str, notebook: str) -> dict:
         return result
 
     profile = get_profile(profile_name)
-
-    def trainer_of(recipe):  # in the profile's dtype, whatever this CPU's default
-        return make_trainer(dataclasses.replace(recipe, model={**recipe.model, "dtype": PROFILES[profile_name]}))
 
     def length(name, lengths):
         return lengths["targets" if name.startswith("decoder") else "inputs"]
@@ -104,9 +102,8 @@ def notebook_programs(profile_name: str, notebook: str) -> dict:
         program(f"greedy {rows} x {inputs}->{length}{label}",
                 lambda: decode.greedy_decode(model, tokens(rows, inputs), length).sequences)
 
-    pre, fine = workflow.feature_lengths(profile), workflow.finetune_lengths(profile)
-    pretraining = trainer_of(workflow.pretraining_recipe(profile))
-    finetuning = trainer_of(workflow.finetune_recipe(profile, profile.finetune_task, None))
+    trainers = course_trainers(profile_name)
+    (pretraining, pre), (finetuning, fine) = trainers["pretraining"], trainers["finetuning"]
     if notebook == "02_pretraining":
         state = train(pretraining, pre, packed=True)
         greedy(pretraining.model(state.params), 8, 128, 32)  # the probes: Predictor's defaults
@@ -116,13 +113,11 @@ def notebook_programs(profile_name: str, notebook: str) -> dict:
         state = train(finetuning, fine, packed=False, params=base)
         greedy(finetuning.model(state.params), 64, fine["inputs"], fine["targets"])  # validation, infer_eval
         train(finetuning, fine, packed=False, label=" (from scratch)")
-        for method, (adapter, _) in workflow.FINE_TUNING_METHODS.items():
-            if adapter:
-                adapted = trainer_of(workflow.finetune_recipe(profile, profile.finetune_task, None, adapter=adapter))
-                label = f" ({method})"
-                params = program(f"adapters{label}", lambda: adapters.add_adapters(base, adapted.model_config))
-                state = train(adapted, fine, packed=False, params=params, label=label)
-                greedy(adapted.model(state.params), 64, fine["inputs"], fine["targets"], label)
+        for method in ("lora", "prompt"):
+            adapted, label = trainers[method][0], f" ({method})"
+            params = program(f"adapters{label}", lambda: adapters.add_adapters(base, adapted.model_config))
+            state = train(adapted, fine, packed=False, params=params, label=label)
+            greedy(adapted.model(state.params), 64, fine["inputs"], fine["targets"], label)
     elif notebook == "04_closed_book_qa":
         state = train(finetuning, fine, packed=False, params=pretraining.init_params())
         model = finetuning.model(state.params)
@@ -150,29 +145,70 @@ def notebook_programs(profile_name: str, notebook: str) -> dict:
     return seconds
 
 
+def course_trainers(profile_name: str) -> dict:
+    """{"pretraining", "finetuning", "lora", "prompt": (Trainer, lengths)} in the profile's dtype:
+    from the workflow's recipes where it imports (TensorFlow is installed; the code measured may
+    be an older commit's), else from bench/programs.py, which tests/test_profiles.py holds equal
+    to them (a GPU machine has no TensorFlow)."""
+    import jax.numpy as jnp
+
+    from t5nb.profiles import get_profile
+
+    profile, dtype = get_profile(profile_name), PROFILES[profile_name]
+    try:
+        from t5nb import workflow
+    except ModuleNotFoundError:
+        from programs import adapted_trainer
+        from programs import course_trainers as programs_trainers
+
+        built = programs_trainers(profile, jnp.dtype(dtype), None)
+        (pre, pre_lengths, _), (fine, lengths, _) = built["pretrain_step"], built["finetune_step"]
+        return {"pretraining": (pre, pre_lengths), "finetuning": (fine, lengths),
+                **{method: (adapted_trainer(profile, jnp.dtype(dtype), None, method), lengths)
+                   for method in ("lora", "prompt")}}
+    from t5nb.recipe import make_trainer
+
+    def trainer_of(recipe):  # in the profile's dtype, whatever this CPU's default
+        return make_trainer(dataclasses.replace(recipe, model={**recipe.model, "dtype": dtype}))
+
+    lengths, task = workflow.finetune_lengths(profile), profile.finetune_task
+    return {"pretraining": (trainer_of(workflow.pretraining_recipe(profile)), workflow.feature_lengths(profile)),
+            "finetuning": (trainer_of(workflow.finetune_recipe(profile, task, None)), lengths),
+            **{method: (trainer_of(workflow.finetune_recipe(profile, task, None, adapter=adapter)), lengths)
+               for method, (adapter, _) in workflow.FINE_TUNING_METHODS.items() if adapter}}
+
+
 def child(profile_name: str, notebook: str) -> None:
     """A notebook's process: the course's setup as on an accelerator's host (its compiled
     programs kept, where the library keeps them), then its programs; prints their seconds as JSON."""
+    import jax
+
     import t5nb
     from t5nb import host, system
 
-    host.accelerator_host = lambda: True  # where the library asks (tune_host), this is an accelerator's host
+    if jax.default_backend() == "cpu":  # compiled for this CPU, as they would be on an accelerator's host
+        host.accelerator_host = lambda: True  # where the library asks (tune_host), it is
     t5nb.tune_host()  # as the setup cell does: at 08de568 one malloc arena on every host
 
     kept = hasattr(system, "keep_compiled_programs")
     if kept:
         system.keep_compiled_programs()
-    print(json.dumps({"kept": kept, "programs": notebook_programs(profile_name, notebook)}))
+    print(json.dumps({"kept": kept, "device": jax.devices()[0].device_kind,
+                      "programs": notebook_programs(profile_name, notebook)}))
 
 
 # -- the course: each notebook a process, in order ------------------------------------------------
-def course(code: pathlib.Path, profile_name: str, runs: pathlib.Path) -> tuple[dict, bool]:
-    """({notebook: {program: seconds}}, whether compiled programs were kept) with t5nb from
-    `code`, the runs (and kept programs) in `runs`."""
-    env = {**os.environ, "PYTHONPATH": str(code), "T5NB_RUNS_DIR": str(runs), "JAX_PLATFORMS": "cpu"}
-    for variable in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "XLA_FLAGS"):
+def course(code: pathlib.Path, profile_name: str, runs: pathlib.Path, accelerator: bool, result: dict,
+           progress) -> bool:
+    """Fills `result` ({notebook: {program: seconds}}) with t5nb from `code`, the runs (and kept
+    programs) in `runs`, compiled for this CPU or (`accelerator`) for JAX's default backend,
+    calling `progress()` after each notebook; returns (whether compiled programs were kept, the
+    device they were compiled for)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(code), os.environ.get("PYTHONPATH")])),
+           "T5NB_RUNS_DIR": str(runs), "JAX_PLATFORMS": "cpu"}
+    for variable in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "XLA_FLAGS",
+                     *(["JAX_PLATFORMS"] if accelerator else [])):
         env.pop(variable, None)  # the course's own settings, not a test run's
-    result = {}
     for notebook in NOTEBOOKS:
         run = subprocess.run([sys.executable, __file__, "--child", profile_name, notebook], env=env, cwd=code,
                              capture_output=True, text=True)
@@ -180,19 +216,26 @@ def course(code: pathlib.Path, profile_name: str, runs: pathlib.Path) -> tuple[d
             raise RuntimeError(f"{notebook} ({profile_name}, {code}) failed:\n{run.stderr[-3000:]}")
         child_result = json.loads(run.stdout.strip().splitlines()[-1])
         result[notebook], kept = child_result["programs"], child_result["kept"]
-        print(f"  {profile_name} {notebook}: {total(result[notebook]):.1f} s", flush=True)
-    return result, kept
+        print(f"  {profile_name} {notebook} ({child_result['device']}): {total(result[notebook]):.1f} s "
+              f"(XLA {total(result[notebook], 'xla'):.1f})", flush=True)
+        progress()
+    return kept, child_result["device"]
 
 
-def measure(code: pathlib.Path, profiles) -> dict:
+def measure(code: pathlib.Path, profiles, accelerator: bool = False, progress=lambda out: None) -> dict:
     """Per profile: the course's first run and, where compiled programs are kept, a rerun (the
-    same runs folder); where none are, a rerun compiles the first run's programs again."""
+    same runs folder); where none are, a rerun compiles the first run's programs again.
+    `progress(out)` after each notebook, with what is measured so far."""
     out = {}
     for profile_name in profiles:
         with tempfile.TemporaryDirectory(prefix="t5nb-compile-") as runs:
-            first, kept = course(code, profile_name, pathlib.Path(runs))
-            rerun = course(code, profile_name, pathlib.Path(runs))[0] if kept else first
-            out[profile_name] = {"first": first, "rerun": rerun, "kept": kept}
+            measured = out[profile_name] = {"first": {}, "rerun": {}, "kept": None, "device": None}
+            measured["kept"], measured["device"] = course(code, profile_name, pathlib.Path(runs), accelerator,
+                                                          measured["first"], lambda: progress(out))
+            if measured["kept"]:
+                course(code, profile_name, pathlib.Path(runs), accelerator, measured["rerun"], lambda: progress(out))
+            else:
+                measured["rerun"] = measured["first"]
     return out
 
 
@@ -205,15 +248,24 @@ def total(programs: dict, part: str | None = None) -> float:
 
 
 def commit(ref: str = "HEAD") -> str:
-    return subprocess.run(["git", "rev-parse", "--short", ref], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    return git("rev-parse", "--short", ref)
 
 
-def measure_commit(ref: str, profiles) -> dict:
+def git(*arguments) -> str:
+    """git's output in this repository; empty where there is no git or no repository (a copy of
+    the working tree on another machine)."""
+    try:
+        return subprocess.run(["git", *arguments], capture_output=True, text=True, cwd=REPO).stdout.strip()
+    except OSError:
+        return ""
+
+
+def measure_commit(ref: str, profiles, accelerator: bool, progress) -> dict:
     """`measure` with t5nb as of commit `ref`, from a worktree of it."""
     with tempfile.TemporaryDirectory(prefix="t5nb-commit-") as tree:
         subprocess.run(["git", "worktree", "add", "--detach", tree, ref], cwd=REPO, check=True, capture_output=True)
         try:
-            return measure(pathlib.Path(tree), profiles)
+            return measure(pathlib.Path(tree), profiles, accelerator, progress)
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=REPO, capture_output=True)
 
@@ -227,9 +279,11 @@ def print_tables(results: dict) -> None:
         print("| code | " + " | ".join(n[:2] for n in NOTEBOOKS) + " | **course** | rerun |")
         print("|---|" + "---:|" * (len(NOTEBOOKS) + 2))
         for code, result in results.items():
+            if profile_name not in result:
+                continue
             first, rerun = result[profile_name]["first"], result[profile_name]["rerun"]
-            cells = [f"{total(first[n]):.1f} ({total(first[n], 'xla'):.1f})" for n in NOTEBOOKS]
-            course_s, rerun_s = ([sum(total(run[n], part) for n in NOTEBOOKS) for part in (None, "xla")]
+            cells = [f"{total(first[n]):.1f} ({total(first[n], 'xla'):.1f})" if n in first else "-" for n in NOTEBOOKS]
+            course_s, rerun_s = ([sum(total(programs, part) for programs in run.values()) for part in (None, "xla")]
                                  for run in (first, rerun))
             print(f"| {code} | " + " | ".join(cells) + f" | **{course_s[0]:.1f} ({course_s[1]:.1f})** | "
                   f"{rerun_s[0]:.1f} ({rerun_s[1]:.1f}) |")
@@ -240,28 +294,37 @@ def main():
     parser.add_argument("commits", nargs="*", help="commits to measure, each from a worktree of its own, in "
                         "this order (the last is the one the estimates count); none: the working tree")
     parser.add_argument("--profiles", nargs="+", choices=list(PROFILES), default=list(PROFILES))
-    parser.add_argument("--tables", action="store_true", help="print the tables of bench/results/compile.json")
+    parser.add_argument("--accelerator", action="store_true",
+                        help="compile for JAX's default backend (this machine's GPU or TPU), not for its CPU")
+    parser.add_argument("--out", type=pathlib.Path, default=BENCH / "results" / "compile.json",
+                        help="the results file, written after each notebook (default %(default)s)")
+    parser.add_argument("--tables", action="store_true", help="print the tables of --out")
     parser.add_argument("--child", nargs=2, metavar=("PROFILE", "NOTEBOOK"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(*args.child)
     if args.tables:
-        return print_tables(json.loads((BENCH / "results" / "compile.json").read_text())["results"])
+        return print_tables(json.loads(args.out.read_text())["results"])
     started, results = time.perf_counter(), {}
+
+    def write(label):
+        def progress(out):
+            results[label] = out
+            args.out.write_text(json.dumps({
+                "date": datetime.date.today().isoformat(), "compiled_for": "accelerator" if args.accelerator else "cpu",
+                "cpu": _cpu(), "bench_seconds": round(time.perf_counter() - started), "profiles": PROFILES,
+                "current": label, "results": results}, indent=2) + "\n")
+        return progress
+
     for ref in args.commits:
         print(f"{ref} ({commit(ref)}):", flush=True)
-        results[commit(ref)] = measure_commit(ref, args.profiles)
+        results[commit(ref)] = measure_commit(ref, args.profiles, args.accelerator, write(commit(ref)))
     if not args.commits:
-        dirty = subprocess.run(["git", "status", "--porcelain", "t5nb"], capture_output=True, text=True, cwd=REPO)
-        label = commit() + ("+changes" if dirty.stdout.strip() else "")
+        label = (commit() or "working tree") + ("+changes" if git("status", "--porcelain", "t5nb") else "")
         print(f"{label}:", flush=True)
-        results[label] = measure(REPO, args.profiles)
+        results[label] = measure(REPO, args.profiles, args.accelerator, write(label))
     print_tables(results)
-    path = BENCH / "results" / "compile.json"
-    path.write_text(json.dumps({"date": datetime.date.today().isoformat(), "compiled_for": "cpu", "cpu": _cpu(),
-                                "bench_seconds": round(time.perf_counter() - started), "profiles": PROFILES,
-                                "current": list(results)[-1], "results": results}, indent=2) + "\n")
-    print(f"\nwrote {path.relative_to(REPO)}")
+    print(f"\nwrote {args.out}")
 
 
 def _cpu() -> str:

@@ -5,6 +5,7 @@ benchmarks' random batches and the matmul FLOPs of a train step (no torch: bench
 bench/gpu.py share them)."""
 import numpy as np
 
+from t5nb.adapters import FINE_TUNING_METHODS
 from t5nb.config import T5Config, get_config
 from t5nb.model import shift_right
 from t5nb.trainer import Trainer, TrainConfig
@@ -18,13 +19,8 @@ def course_trainers(profile, dtype, mesh) -> dict:
     pretraining (T5.1.1 span corruption, no dropout, T5X's rsqrt schedule) and fine-tuning
     (Adafactor at 1e-3), whose trainer also runs the course's eval step and greedy decoding. The presets' vocabulary is T5's: a profile on
     another (the facts world's) sizes its models to its task's, which needs the task."""
-    if profile.vocabulary != "t5":
-        raise ValueError(f"profile {profile.name!r} trains on the {profile.vocabulary!r} vocabulary; "
-                         "its programs come from workflow's recipes")
-
     def trainer(train_config):
-        return Trainer(get_config(profile.model, dtype=dtype, dropout_rate=0.0, **(profile.execution or {})),
-                       train_config, mesh)
+        return _trainer(profile, dtype, mesh, train_config)
 
     finetuning = trainer(TrainConfig(learning_rate=1e-3))
     finetune_lengths = {"inputs": profile.finetune_inputs_length, "targets": profile.finetune_targets_length}
@@ -33,6 +29,21 @@ def course_trainers(profile, dtype, mesh) -> dict:
             "finetune_step": (finetuning, finetune_lengths, False),
             "eval_step": (finetuning, finetune_lengths, False),
             "decode_batch": (finetuning, finetune_lengths, False)}
+
+
+def adapted_trainer(profile, dtype, mesh, method: str) -> Trainer:
+    """The fine-tuning trainer of `method` (a key of `FINE_TUNING_METHODS` with an adapter): the
+    profile's model with the adapter on, Adafactor's steps not scaled by the parameters' size."""
+    adapter, learning_rate = FINE_TUNING_METHODS[method]
+    return _trainer(profile, dtype, mesh, TrainConfig(learning_rate=learning_rate, parameter_scale=False), **adapter)
+
+
+def _trainer(profile, dtype, mesh, train_config, **model_fields) -> Trainer:
+    if profile.vocabulary != "t5":
+        raise ValueError(f"profile {profile.name!r} trains on the {profile.vocabulary!r} vocabulary; "
+                         "its programs come from workflow's recipes")
+    config = get_config(profile.model, dtype=dtype, dropout_rate=0.0, **(profile.execution or {}), **model_fields)
+    return Trainer(config, train_config, mesh)
 
 
 def analytic_train_flops(c: T5Config, batch: int, inputs: int, targets: int) -> float:

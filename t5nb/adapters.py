@@ -18,6 +18,8 @@ from t5nb.model import built_on_host
 
 ADAPTERS = ("lora_a", "lora_b", "prompt")  # the parameter names adapters add
 PROMPT_INIT_TOKENS = 5000  # the prompt starts as the embeddings of tokens among the most frequent 5,000
+# the fine-tuning methods the course compares: method -> (adapter's model fields, learning rate)
+FINE_TUNING_METHODS = {"full": (None, 1e-3), "lora": ({"lora_rank": 8}, 1e-3), "prompt": ({"prompt_length": 20}, 0.3)}
 
 
 def has_adapters(config: T5Config) -> bool:

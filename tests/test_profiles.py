@@ -135,11 +135,12 @@ def test_the_committed_estimates_are_of_these_profiles_and_every_free_chip_runs_
 @pytest.mark.parametrize("name", ["accelerator", "fp32-gpu", "rehearsal"])
 def test_the_benchmarks_course_programs_are_what_the_workflow_trains(name, monkeypatch):
     """bench/programs.py builds the course's trainers from a profile alone (the GPU machine has
-    no TensorFlow): the same model, optimizer and lengths as the workflow's recipes."""
+    no TensorFlow): the same model, optimizer and lengths as the workflow's recipes, LoRA's and
+    prompt tuning's too."""
     import jax.numpy as jnp
 
     monkeypatch.syspath_prepend(str(ESTIMATES.parents[1]))
-    from programs import PROGRAMS, course_trainers
+    from programs import PROGRAMS, adapted_trainer, course_trainers
 
     from t5nb import workflow
 
@@ -147,7 +148,13 @@ def test_the_benchmarks_course_programs_are_what_the_workflow_trains(name, monke
     trainers = course_trainers(profile, jnp.float32, None)
     assert tuple(trainers) == PROGRAMS
     pretraining, finetuning = workflow.pretraining_recipe(profile), workflow.finetune_recipe(profile, profile.qa_task, None)
-    for program, recipe in (("pretrain_step", pretraining), ("finetune_step", finetuning)):
+    recipes = {}
+    for method in ("lora", "prompt"):
+        adapter, learning_rate = workflow.FINE_TUNING_METHODS[method]
+        trainers[method] = (adapted_trainer(profile, jnp.float32, None, method), *trainers["finetune_step"][1:])
+        recipes[method] = workflow.finetune_recipe(profile, profile.qa_task, None, adapter=adapter,
+                                                   learning_rate=learning_rate)
+    for program, recipe in (("pretrain_step", pretraining), ("finetune_step", finetuning), *recipes.items()):
         trainer, lengths, packed = trainers[program]
         assert trainer.model_config == recipe.model_config().replace(dtype=jnp.float32), program
         assert trainer.train_config == recipe.optimizer, program
