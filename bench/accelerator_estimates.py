@@ -54,10 +54,10 @@ MFU = 0.4  # the fraction of a chip's roofline every program reaches (docs/accel
 # Compiling: bench/compile.py's seconds per notebook on this CPU (the course in order, compiled
 # programs kept), times how much slower a chip's host compiles them, measured: for a TPU, XLA's
 # TPU compiler against XLA:CPU on the same programs in this run (with libtpu; else 1, unmeasured);
-# for a GPU, the one GPU compile measured: T5.1.1-tiny's greedy decoding took 13.3 s to its first
-# result on an H200 host (16 cores) against 1.8 s on a 2-core CPU.
+# for a GPU, the accelerator course's seconds with `bench/compile.py --accelerator` on an H200
+# (its host's 16 cores) over this CPU's, the same programs (a T4's host has 2 vCPUs: unmeasured).
 COMPILE_RESULTS = RESULTS / "compile.json"
-GPU_COMPILE_RATIO = 13.3 / 1.8
+GPU_COMPILE_RESULTS = RESULTS / "compile-h200.json"
 EVAL_BATCH = 64  # workflow.finetune_and_evaluate and 05_evaluation decode in batches of 64
 # Validation examples of the profile's tasks (the course decodes split="validation"):
 # WMT14 en-de validation is newstest2013; NQ-open dev; TriviaQA unfiltered.nocontext validation.
@@ -220,12 +220,19 @@ def compile_ratios(mesh, programs: dict) -> dict:
             tpu_s += sum(program["compile_s"] for program in compiled.values())
             cpu_s += sum(program["compile_s"] for program in on_cpu.values())
         tpu = tpu_s / cpu_s
-    return {"tpu": round(tpu, 2), "gpu": round(GPU_COMPILE_RATIO, 2)}
+    return {"tpu": round(tpu, 2)}
 
 
-def compile_seconds(profile_name: str) -> dict:
-    """bench/compile.py's measured compile seconds per notebook, this CPU, the course run in order."""
-    measured = json.loads(COMPILE_RESULTS.read_text())
+def gpu_compile_ratio() -> float:
+    """The accelerator course's compile seconds on an H200 over those on this CPU (first runs)."""
+    return sum(compile_seconds("accelerator", GPU_COMPILE_RESULTS).values()) / sum(
+        compile_seconds("accelerator").values())
+
+
+def compile_seconds(profile_name: str, path: pathlib.Path = COMPILE_RESULTS) -> dict:
+    """bench/compile.py's measured compile seconds per notebook (this CPU's, or `path`'s), the
+    course run in order."""
+    measured = json.loads(path.read_text())
     first = measured["results"][measured["current"]][profile_name]["first"]
     return {notebook: sum(seconds["trace"] + seconds["compile"] for seconds in programs.values())
             for notebook, programs in first.items()}
@@ -257,7 +264,8 @@ def setups() -> dict:
 def count(result: dict) -> dict:
     """`result` with each setup's minutes per notebook: its programs' compute, and compiling for
     `COMPILE_RESULTS`' seconds times the chip's ratio."""
-    ratios, results = result["assumptions"]["compile_ratios"], {}
+    ratios = {**result["assumptions"]["compile_ratios"], "gpu": round(gpu_compile_ratio(), 2)}
+    results = {}
     for name, (chip, count, profile_name) in setups().items():
         dtype = jnp.dtype(compute_dtype(chip.device())).name
         compiled, notebooks = result["programs"][f"{profile_name} {dtype}"], {}
@@ -281,9 +289,9 @@ def count(result: dict) -> dict:
                          "memory_gb": memory_gb, "fits_in_memory": memory_gb * 1e9 <= chip.memory,
                          "mfu_for_60_minutes": compute_minutes * MFU / (60 - compile_minutes)}
     compile_results = json.loads(COMPILE_RESULTS.read_text())
-    return {**result, "assumptions": {**result["assumptions"], "compile_results": {
-        "file": COMPILE_RESULTS.name, "commit": compile_results["current"], "cpu": compile_results["cpu"]}},
-        "setups": results}
+    return {**result, "assumptions": {**result["assumptions"], "compile_ratios": ratios, "compile_results": {
+        "file": COMPILE_RESULTS.name, "commit": compile_results["current"], "cpu": compile_results["cpu"],
+        "gpu_file": GPU_COMPILE_RESULTS.name}}, "setups": results}
 
 
 def commit() -> str:

@@ -3,7 +3,7 @@
     .venv/bin/python bench/compile.py                  # the working tree
     .venv/bin/python bench/compile.py 08de568 HEAD     # those commits, side by side
     .venv/bin/python bench/compile.py --tables         # the tables of bench/results/compile.json
-    python bench/compile.py --accelerator --out DIR/compile-gpu.json   # compiled for this machine's GPU or TPU
+    PYTHONPATH=. python bench/compile.py --accelerator --out compile-gpu.json   # for this machine's GPU or TPU
 
 For each accelerator profile (`accelerator` in bfloat16, `fp32-gpu` in float32) each notebook
 runs in a fresh process, as each notebook is a fresh kernel, and builds the programs it builds
@@ -285,8 +285,9 @@ def print_tables(results: dict) -> None:
             cells = [f"{total(first[n]):.1f} ({total(first[n], 'xla'):.1f})" if n in first else "-" for n in NOTEBOOKS]
             course_s, rerun_s = ([sum(total(programs, part) for programs in run.values()) for part in (None, "xla")]
                                  for run in (first, rerun))
-            print(f"| {code} | " + " | ".join(cells) + f" | **{course_s[0]:.1f} ({course_s[1]:.1f})** | "
-                  f"{rerun_s[0]:.1f} ({rerun_s[1]:.1f}) |")
+            course_cell, rerun_cell = (f"{s[0]:.1f} ({s[1]:.1f})" if len(run) == len(NOTEBOOKS) else "- (cut short)"
+                                       for s, run in ((course_s, first), (rerun_s, rerun)))
+            print(f"| {code} | " + " | ".join(cells) + f" | **{course_cell}** | {rerun_cell} |")
 
 
 def main():
