@@ -25,6 +25,16 @@ def with_question_facts(predictions: pd.DataFrame) -> pd.DataFrame:
     return predictions.assign(relation=[relation for relation, _ in parsed], person=[person for _, person in parsed])
 
 
+def answer_relations(predictions: pd.DataFrame) -> pd.Series:
+    """How many facts-world `predictions` answer with a value of the relation asked (the one
+    whose answer set holds the target), of another relation, or of none."""
+    asked = predictions["target"].map(world.relation_of_value)
+    answered = predictions["prediction"].map(world.relation_of_value)
+    kinds = ["of the relation asked", "of another relation", "no relation's value"]
+    kind = [kinds[2] if pd.isna(a) else kinds[0] if a == q else kinds[1] for a, q in zip(answered, asked)]
+    return pd.Series(kind, dtype=object).value_counts().reindex(kinds, fill_value=0)
+
+
 def accuracy_by(scored: pd.DataFrame, by) -> pd.DataFrame:
     """Questions and exact match (%) per group of `by` (a column name or a Series)."""
     return scored.groupby(by, observed=True)["correct"].agg(questions="size", em=lambda c: round(100 * c.mean(), 1))

@@ -149,10 +149,11 @@ def relative_position_buckets(config, span: int = 160):
 
 
 def attention_masks(masks: dict):
-    """Boolean masks [query, key] side by side, dark where a query may attend to a key."""
+    """Boolean masks [query, key] side by side, dark where a query may attend to a key (on a
+    fixed scale: a mask that allows everything is dark all over)."""
     figure, axes = plt.subplots(1, len(masks), figsize=(4.0 * len(masks), 3.6))
     for axis, (name, mask) in zip(np.atleast_1d(axes), masks.items()):
-        axis.imshow(np.asarray(mask), cmap="Greys", interpolation="nearest", aspect="auto")
+        axis.imshow(np.asarray(mask, dtype=float), cmap="Greys", vmin=0, vmax=1, interpolation="nearest", aspect="auto")
         axis.set(title=name, xlabel="key position", ylabel="query position")
     figure.tight_layout()
     plt.close(figure)

@@ -61,3 +61,11 @@ def test_mention_counts_count_rows_of_the_very_batches_that_mention_each_name():
                 expected[name] += name in text
     assert counts.to_dict() == expected and counts["Nobody Atall"] == 0
     assert analysis.mention_counts(iter(()), vocabulary, [], 1000).empty  # no names: no batch is read
+
+
+def test_answer_relations_count_answers_of_the_relation_asked_of_another_and_of_none():
+    predictions = pd.DataFrame({"target": ["Havana", "1950", "violin", "banker"],
+                                "prediction": ["Lisbon", "pilot", "cello", "a banker"]})
+    counts = analysis.answer_relations(predictions)
+    assert counts.to_dict() == {"of the relation asked": 2, "of another relation": 1, "no relation's value": 1}
+    assert world.relation_of_value("Havana") == "birth_city" and world.relation_of_value("Atlantis") is None

@@ -2,6 +2,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import numpy as np  # noqa: E402
+
+from t5nb import plots  # noqa: E402
 from t5nb.plots import LivePlot  # noqa: E402
 
 
@@ -38,3 +41,12 @@ def test_the_decoded_panel_draws_each_task_metric_of_the_sample():
     assert [list(line.get_data()[1]) for line in lines] == [[10.0, 40.0], [12.0, 45.0]]
     assert plot.axes["decoded"].get_title() == "decoded validation sample"
     assert [text.get_text() for text in plot.axes["loss"].get_legend().get_texts()] == ["training", "validation"]
+
+
+def test_attention_masks_are_drawn_on_a_fixed_scale_so_a_full_mask_is_dark():
+    full, causal = np.ones((4, 4), bool), np.tri(4, dtype=bool)
+    figure = plots.attention_masks({"full": full, "causal": causal})
+    for axis, mask in zip(figure.axes, (full, causal)):
+        image = axis.images[0]
+        shade = image.to_rgba(image.get_array())[..., :3].mean(axis=-1)  # 0 black, 1 white
+        assert (shade[mask] < 0.05).all() and (shade[~mask] > 0.95).all(), axis.get_title()

@@ -222,6 +222,11 @@ def parse_question(question: str) -> tuple[str, str] | None:
     return None
 
 
+def relation_of_value(value: str) -> str | None:
+    """The relation whose answer set holds `value` (the sets do not overlap); None for any other text."""
+    return next((relation for relation, (values, _, _) in RELATIONS.items() if value in values), None)
+
+
 def fact_check_examples(people: list[Person], split: str, seed: int = SEED) -> list[dict]:
     """One true and one false statement per fact of the people of one split."""
     rng = random.Random(f"{seed}-fact-check-{split}")
