@@ -93,7 +93,7 @@ def _kernels_of(pid: int) -> list[str]:
 def test_every_notebook_has_exercises_with_a_hidden_solution_and_a_check():
     from t5nb.exercises import EXERCISES
 
-    checked = []
+    checked, predicted = [], []
     for path in PATHS:
         cells = [cell for cell in json.loads(path.read_text())["cells"] if cell["cell_type"] == "code"]
         sources = ["".join(cell["source"]) for cell in cells]
@@ -105,7 +105,9 @@ def test_every_notebook_has_exercises_with_a_hidden_solution_and_a_check():
             assert cells[at - 1]["metadata"] == {"cellView": "form", "jupyter": {"source_hidden": True}}
             assert "if answer is ...:" in sources[at - 1]  # the solution: CI runs it, a reader's answer stays
         checked += names
+        predicted += [name for name in names if f"# Exercise {name}: Predict, then verify" in "\n".join(sources)]
     assert sorted(checked) == sorted(EXERCISES)
+    assert len(predicted) >= 6, predicted  # predict, then verify: most of the course's exercises
 
 
 def test_a_check_refuses_a_wrong_or_missing_answer_and_names_the_question():
