@@ -102,7 +102,7 @@ def notebook_programs(profile_name: str, notebook: str) -> dict:
         program(f"greedy {rows} x {inputs}->{length}{label}",
                 lambda: decode.greedy_decode(model, tokens(rows, inputs), length).sequences)
 
-    trainers = course_trainers(profile_name)
+    trainers = notebook_trainers(profile_name)
     (pretraining, pre), (finetuning, fine) = trainers["pretraining"], trainers["finetuning"]
     if notebook == "02_pretraining":
         state = train(pretraining, pre, packed=True)
@@ -145,7 +145,7 @@ def notebook_programs(profile_name: str, notebook: str) -> dict:
     return seconds
 
 
-def course_trainers(profile_name: str) -> dict:
+def notebook_trainers(profile_name: str) -> dict:
     """{"pretraining", "finetuning", "lora", "prompt": (Trainer, lengths)} in the profile's dtype:
     from the workflow's recipes where it imports (TensorFlow is installed; the code measured may
     be an older commit's), else from bench/programs.py, which tests/test_profiles.py holds equal
@@ -159,9 +159,9 @@ def course_trainers(profile_name: str) -> dict:
         from t5nb import workflow
     except ModuleNotFoundError:
         from programs import adapted_trainer
-        from programs import course_trainers as programs_trainers
+        from programs import course_trainers
 
-        built = programs_trainers(profile, jnp.dtype(dtype), None)
+        built = course_trainers(profile, jnp.dtype(dtype), None)
         (pre, pre_lengths, _), (fine, lengths, _) = built["pretrain_step"], built["finetune_step"]
         return {"pretraining": (pre, pre_lengths), "finetuning": (fine, lengths),
                 **{method: (adapted_trainer(profile, jnp.dtype(dtype), None, method), lengths)

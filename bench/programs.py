@@ -17,14 +17,12 @@ PROGRAMS = (*TRAIN_STEPS, "eval_step", "decode_batch")  # the keys of `course_tr
 def course_trainers(profile, dtype, mesh) -> dict:
     """name -> (Trainer, feature lengths, packed): the profile's model as it runs it (`execution`);
     pretraining (T5.1.1 span corruption, no dropout, T5X's rsqrt schedule) and fine-tuning
-    (Adafactor at 1e-3), whose trainer also runs the course's eval step and greedy decoding. The presets' vocabulary is T5's: a profile on
-    another (the facts world's) sizes its models to its task's, which needs the task."""
-    def trainer(train_config):
-        return _trainer(profile, dtype, mesh, train_config)
-
-    finetuning = trainer(TrainConfig(learning_rate=1e-3))
+    (Adafactor at 1e-3), whose trainer also runs the course's eval step and greedy decoding. The
+    presets' vocabulary is T5's: a profile on another (the facts world's) sizes its models to its
+    task's, which needs the task."""
+    finetuning = _trainer(profile, dtype, mesh, TrainConfig(learning_rate=1e-3))
     finetune_lengths = {"inputs": profile.finetune_inputs_length, "targets": profile.finetune_targets_length}
-    return {"pretrain_step": (trainer(TrainConfig(warmup_steps=10_000)),
+    return {"pretrain_step": (_trainer(profile, dtype, mesh, TrainConfig(warmup_steps=10_000)),
                               {"inputs": profile.inputs_length, "targets": profile.targets_length}, True),
             "finetune_step": (finetuning, finetune_lengths, False),
             "eval_step": (finetuning, finetune_lengths, False),

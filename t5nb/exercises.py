@@ -49,7 +49,7 @@ def _rows_like(reference, *others) -> list[int]:
 # A numeric answer is worked out from values the notebook prints, rounded. It is right when it is
 # within RELATIVE of the exact value (rounding inputs to 3 or 4 figures moves a product or quotient
 # by less), or within `abs_tol`, the sum of half a unit of each printed input's last digit, where
-# the answer is a difference of such inputs (tests/test_exercises.py holds every one to this).
+# the answer is a difference of such inputs (tests/test_notebooks.py holds every one to this).
 RELATIVE = 0.005
 
 

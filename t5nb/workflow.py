@@ -201,9 +201,6 @@ def sample_efficiency(profile: Profile, init) -> dict:
     return curve
 
 
-# How 03 fine-tunes with adapters, chosen on the cpu profile's slot filling: LoRA of rank 8 on the
-# attention's query and value (Hugging Face peft's default for T5) at 1e-3 (at 1e-2 it diverged),
-# a 20-vector prompt at 0.3, Lester et al.'s rate. "full" is plain fine-tuning, T5X's 1e-3.
 def compare_fine_tuning(profile: Profile, init) -> dict:
     """Full fine-tuning, LoRA and prompt tuning (`FINE_TUNING_METHODS`) of `init` on the profile's
     fine-tuning task, the same steps each; per method: parameters trained, checkpoint (train
