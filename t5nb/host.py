@@ -15,6 +15,7 @@ Xeon), and on an accelerator the steps' buffers live on the chip: there it leave
 """
 import ctypes
 import glob
+import importlib.util
 import os
 import platform
 import sys
@@ -32,14 +33,25 @@ def _jax_started() -> bool:
     return bool(getattr(xla_bridge, "_backends", None))
 
 
+# The accelerators JAX runs on here, known before it starts: each by its device files and the
+# modules of JAX's plugin for it (a device without the plugin leaves JAX on the CPU: a desktop's
+# NVIDIA card beside a CPU-only jax, a host passing some other device through vfio).
+ACCELERATORS = {
+    "NVIDIA GPU": (("/dev/nvidia[0-9]*",), ("jax_cuda12_plugin", "jax_cuda13_plugin")),
+    "TPU": (("/dev/accel[0-9]*", "/dev/vfio/[0-9]*"), ("libtpu",)),  # accel on v2-v4, vfio on v5e and later
+}
+
+
 def accelerator_host() -> bool:
-    """Whether JAX will run on an accelerator here, known before JAX starts: `JAX_PLATFORMS`
-    names one, or (unset) an NVIDIA GPU or a TPU chip is among the devices (/dev/nvidia0;
-    /dev/accel0 on TPU v2-v4, /dev/vfio/0 on v5e and later)."""
+    """Whether JAX will run on an accelerator here, known before JAX starts (nothing is imported):
+    `JAX_PLATFORMS` names one, or (unset) one of `ACCELERATORS` has both a device file and JAX's
+    plugin for it installed."""
     platforms = os.environ.get("JAX_PLATFORMS", "").strip().lower()
     if platforms:
         return platforms.split(",")[0] != "cpu"
-    return bool(glob.glob("/dev/nvidia[0-9]*") or glob.glob("/dev/accel[0-9]*") or glob.glob("/dev/vfio/[0-9]*"))
+    return any(any(glob.glob(pattern) for pattern in devices)
+               and any(importlib.util.find_spec(module) for module in plugins)
+               for devices, plugins in ACCELERATORS.values())
 
 
 def keep_freed_memory() -> bool:

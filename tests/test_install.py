@@ -62,6 +62,25 @@ def test_importing_t5nb_changes_nothing_and_tune_host_is_the_one_call_that_does(
         assert run("assert not t5nb.tune_host()", JAX_PLATFORMS=accelerator)["mmapped"] is True
 
 
+def test_an_accelerator_host_needs_both_the_device_and_jaxs_plugin_for_it(monkeypatch):
+    from t5nb import host
+
+    def host_with(devices=(), modules=()):
+        monkeypatch.setattr(host.glob, "glob", lambda pattern: [pattern] if pattern in devices else [])
+        monkeypatch.setattr(host.importlib.util, "find_spec", lambda name: name if name in modules else None)
+        return host.accelerator_host()
+
+    monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+    assert not host_with()
+    assert not host_with(devices={"/dev/nvidia[0-9]*"})  # a desktop's card beside a CPU-only jax
+    assert not host_with(devices={"/dev/vfio/[0-9]*"}, modules={"jax_cuda12_plugin"})  # passthrough, no TPU
+    assert not host_with(modules={"jax_cuda12_plugin", "libtpu"})  # plugins, no device
+    assert host_with(devices={"/dev/nvidia[0-9]*"}, modules={"jax_cuda13_plugin"})
+    assert host_with(devices={"/dev/vfio/[0-9]*"}, modules={"libtpu"})
+    monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+    assert not host_with(devices={"/dev/nvidia[0-9]*"}, modules={"jax_cuda12_plugin"})  # what it names wins
+
+
 def test_tensorflow_is_quiet_and_hides_accelerators():
     code = (
         "import t5nb.tasks, seqio, t5, tensorflow_datasets, clu.metric_writers\n"
@@ -96,13 +115,16 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the malloc tuning is glibc's")
 def test_tune_host_keeps_freed_host_memory_so_repeated_steps_do_not_fault_pages():
+    cpu = {**os.environ, "JAX_PLATFORMS": "cpu"}  # XLA:CPU runs the steps, on any host
+
     def faults(tune: str):
         result = subprocess.run([sys.executable, "-c", FAULTS_OF_A_REPEATED_STEP.format(tune=tune)],
-                                capture_output=True, text=True)
+                                capture_output=True, text=True, env=cpu)
         assert result.returncode == 0, result.stderr
         return int(result.stdout.split()[-1])
 
-    assert subprocess.run([sys.executable, "-c", "import sys, t5nb; sys.exit(not t5nb.tune_host())"]).returncode == 0
+    assert subprocess.run([sys.executable, "-c", "import sys, t5nb; sys.exit(not t5nb.tune_host())"],
+                          env=cpu).returncode == 0
     kept, untuned = faults("assert t5nb.tune_host()"), faults("")  # glibc took all three settings
     print(f"page faults of a repeated step: {kept} with tune_host(), {untuned} without")
     if untuned < 1024:  # under 4 MB of the 256 MB temporary came back from the kernel
