@@ -67,8 +67,15 @@ def run_notebook(path: pathlib.Path, out_dir: pathlib.Path, timeout: int = 3600)
     return {"wall_s": round(wall_s, 1), "ok": error is None, "error": error}
 
 
+def merged_results(earlier: dict, latest: dict) -> dict:
+    """`results.json` after a run: the notebooks it ran with their latest results, the others
+    with those they had, in the course's order."""
+    return dict(sorted({**earlier, **latest}.items()))
+
+
 def run_course(out_dir="runs", names=None, notebooks_dir=NOTEBOOKS, fresh: bool = False) -> dict:
-    """Run every notebook (or those in `names`) in order; results go to `<out_dir>/results.json`.
+    """Run every notebook (or those in `names`) in order; returns their results, which update
+    `<out_dir>/results.json` (a notebook not run keeps its entry there).
 
     The notebooks' training runs go to `<out_dir>/<profile>/` too; `fresh` deletes that folder
     first, so the course trains from scratch instead of reusing finished runs.
@@ -81,6 +88,8 @@ def run_course(out_dir="runs", names=None, notebooks_dir=NOTEBOOKS, fresh: bool 
     paths = sorted(pathlib.Path(notebooks_dir).glob("[0-9][0-9]_*.ipynb"))
     if names:
         paths = [p for p in paths if p.stem in names or p.name in names]
+    results_file = out_dir / "results.json"
+    earlier = json.loads(results_file.read_text()) if results_file.exists() else {}
     results = {}
     for path in tqdm(paths, desc="course", unit="notebook"):
         headline = out_dir / "headlines" / f"{path.stem}.json"  # workflow.record_headline writes it
@@ -91,5 +100,5 @@ def run_course(out_dir="runs", names=None, notebooks_dir=NOTEBOOKS, fresh: bool 
             results[path.stem].update(json.loads(headline.read_text()))
         status = "ok" if results[path.stem]["ok"] else f"FAILED: {results[path.stem]['error']}"
         tqdm.write(f"{path.stem}: {results[path.stem]['wall_s']} s, {status}")
-        write_atomically(out_dir / "results.json", json.dumps(results, indent=2) + "\n")
+        write_atomically(results_file, json.dumps(merged_results(earlier, results), indent=2) + "\n")
     return results
