@@ -47,7 +47,7 @@ from t5nb import mesh as mesh_lib  # noqa: E402
 from t5nb.model import Transformer  # noqa: E402
 from t5nb.profiles import CHIPS, compute_dtype, get_profile, profile_name_for  # noqa: E402
 from t5nb.trainer import Trainer  # noqa: E402
-from programs import course_trainers  # noqa: E402  (bench/programs.py)
+from programs import abstract_batch, course_trainers  # noqa: E402  (bench/programs.py)
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MFU = 0.4  # the fraction of a chip's roofline every program reaches (docs/accelerators.md)
@@ -98,17 +98,6 @@ def cost_of(compile) -> dict:
     return {"flops": cost["flops"], "bytes_accessed": cost["bytes accessed"], "compile_s": round(seconds, 1),
             "memory": memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
             + memory.temp_size_in_bytes}
-
-
-def abstract_batch(trainer: Trainer, batch_size: int, lengths: dict, packed: bool) -> dict:
-    """The feature converter's batch as shapes: packed pretraining batches add segment ids and positions."""
-    names = {"encoder_input_tokens": "inputs", "decoder_input_tokens": "targets", "decoder_target_tokens": "targets",
-             "decoder_loss_weights": "targets"}
-    if packed:
-        names.update(encoder_segment_ids="inputs", encoder_positions="inputs", decoder_segment_ids="targets",
-                     decoder_positions="targets")
-    return {name: jax.ShapeDtypeStruct((batch_size, lengths[feature]), jnp.int32, sharding=trainer.batch_sharding)
-            for name, feature in names.items()}
 
 
 def train_step(trainer: Trainer, batch: dict) -> dict:

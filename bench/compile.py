@@ -1,7 +1,7 @@
 """Compile seconds of the accelerator course's programs, per notebook, as the notebooks compile them.
 
     .venv/bin/python bench/compile.py                  # the working tree
-    .venv/bin/python bench/compile.py 08de568 HEAD     # those commits, side by side
+    .venv/bin/python bench/compile.py 414b92f HEAD     # those commits, side by side
     .venv/bin/python bench/compile.py --tables         # the tables of bench/results/compile.json
     PYTHONPATH=. python bench/compile.py --accelerator --out compile-gpu.json   # for this machine's GPU or TPU
 
@@ -16,14 +16,14 @@ what JAX reports of it: tracing and lowering, which every process does, and XLA'
 its load from the persistent cache; never its run. Where the library keeps compiled programs
 (`system.keep_compiled_programs`, what the course's setup cell calls) the notebooks share one
 cache folder, in course order, then all run again with the warm cache, as a rerun would. Commits given run the same
-programs with their own t5nb (a git worktree of each on PYTHONPATH). Not counted: the hand-built
+programs with their own t5nb (a git worktree of each on PYTHONPATH; from 414b92f on, whose t5nb
+has what bench/programs.py builds the trainers from). Not counted: the hand-built
 train step of notebook 02's lesson, and 06, which the estimates leave out too.
 
 Prints a table per profile; writes bench/results/compile.json (or --out) after each notebook, whose seconds (the last code
 measured, its first run) bench/accelerator_estimates.py counts in each chip's course time.
 """
 import argparse
-import dataclasses
 import datetime
 import json
 import os
@@ -49,9 +49,9 @@ def notebook_programs(profile_name: str, notebook: str) -> dict:
     """{program: {"trace": seconds, "compile": seconds, "load": seconds}} of `notebook`'s
     programs under profile `profile_name`."""
     import jax
-    import jax.numpy as jnp
     import numpy as np
 
+    from programs import abstract_batch  # bench/programs.py
     from t5nb import adapters, checkpoints, decode
     from t5nb.profiles import get_profile
 
@@ -75,13 +75,6 @@ def notebook_programs(profile_name: str, notebook: str) -> dict:
     def length(name, lengths):
         return lengths["targets" if name.startswith("decoder") else "inputs"]
 
-    def batch(trainer, lengths, packed):
-        names = ["encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens", "decoder_loss_weights"]
-        if packed:
-            names += ["encoder_segment_ids", "encoder_positions", "decoder_segment_ids", "decoder_positions"]
-        return {name: jax.ShapeDtypeStruct((profile.batch_size, length(name, lengths)), jnp.int32,
-                                           sharding=trainer.batch_sharding) for name in names}
-
     def tokens(rows, length):
         return np.random.default_rng(0).integers(3, 100, (rows, length)).astype(np.int32)
 
@@ -91,7 +84,8 @@ def notebook_programs(profile_name: str, notebook: str) -> dict:
         params = program(f"init{label}", trainer.init_params) if params is None else params
         state = program(f"optimizer init{label}", lambda: trainer.init_state(params))
         program(f"train step{label}",
-                lambda: trainer.compile_train_step(trainer.abstract_state(), batch(trainer, lengths, packed)))
+                lambda: trainer.compile_train_step(trainer.abstract_state(),
+                                                   abstract_batch(trainer, profile.batch_size, lengths, packed)))
         program(f"checkpoint layout{label}", lambda: trainer.checkpoint_state(state))
         real = {name: tokens(profile.batch_size, length(name, lengths))
                 for name in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")}
@@ -146,36 +140,19 @@ def notebook_programs(profile_name: str, notebook: str) -> dict:
 
 
 def notebook_trainers(profile_name: str) -> dict:
-    """{"pretraining", "finetuning", "lora", "prompt": (Trainer, lengths)} in the profile's dtype:
-    from the workflow's recipes where it imports (TensorFlow is installed; the code measured may
-    be an older commit's), else from bench/programs.py, which tests/test_profiles.py holds equal
-    to them (a GPU machine has no TensorFlow)."""
+    """{"pretraining", "finetuning", "lora", "prompt": (Trainer, lengths)} in the profile's dtype,
+    as bench/programs.py builds them (tests/test_profiles.py holds them equal to what the
+    workflow's recipes train)."""
     import jax.numpy as jnp
 
+    from programs import adapted_trainer, course_trainers  # bench/programs.py
     from t5nb.profiles import get_profile
 
-    profile, dtype = get_profile(profile_name), PROFILES[profile_name]
-    try:
-        from t5nb import workflow
-    except ModuleNotFoundError:
-        from programs import adapted_trainer
-        from programs import course_trainers
-
-        built = course_trainers(profile, jnp.dtype(dtype), None)
-        (pre, pre_lengths, _), (fine, lengths, _) = built["pretrain_step"], built["finetune_step"]
-        return {"pretraining": (pre, pre_lengths), "finetuning": (fine, lengths),
-                **{method: (adapted_trainer(profile, jnp.dtype(dtype), None, method), lengths)
-                   for method in ("lora", "prompt")}}
-    from t5nb.recipe import make_trainer
-
-    def trainer_of(recipe):  # in the profile's dtype, whatever this CPU's default
-        return make_trainer(dataclasses.replace(recipe, model={**recipe.model, "dtype": dtype}))
-
-    lengths, task = workflow.finetune_lengths(profile), profile.finetune_task
-    return {"pretraining": (trainer_of(workflow.pretraining_recipe(profile)), workflow.feature_lengths(profile)),
-            "finetuning": (trainer_of(workflow.finetune_recipe(profile, task, None)), lengths),
-            **{method: (trainer_of(workflow.finetune_recipe(profile, task, None, adapter=adapter)), lengths)
-               for method, (adapter, _) in workflow.FINE_TUNING_METHODS.items() if adapter}}
+    profile, dtype = get_profile(profile_name), jnp.dtype(PROFILES[profile_name])
+    built = course_trainers(profile, dtype, None)
+    (pre, pre_lengths, _), (fine, lengths, _) = built["pretrain_step"], built["finetune_step"]
+    return {"pretraining": (pre, pre_lengths), "finetuning": (fine, lengths),
+            **{method: (adapted_trainer(profile, dtype, None, method), lengths) for method in ("lora", "prompt")}}
 
 
 def child(profile_name: str, notebook: str) -> None:
@@ -199,7 +176,7 @@ def child(profile_name: str, notebook: str) -> None:
 
 # -- the course: each notebook a process, in order ------------------------------------------------
 def course(code: pathlib.Path, profile_name: str, runs: pathlib.Path, accelerator: bool, result: dict,
-           progress) -> bool:
+           progress) -> tuple[bool, str]:
     """Fills `result` ({notebook: {program: seconds}}) with t5nb from `code`, the runs (and kept
     programs) in `runs`, compiled for this CPU or (`accelerator`) for JAX's default backend,
     calling `progress()` after each notebook; returns (whether compiled programs were kept, the

@@ -1,8 +1,11 @@
 """The course's programs on one chip, from a profile alone (no TensorFlow, so the GPU machine
 builds them too): bench/accelerator_estimates.py compiles them, bench/gpu.py runs them, and
-tests/test_profiles.py holds them equal to what the workflow's recipes train. Beside them, the
+tests/test_profiles.py holds them equal to what the workflow's recipes train; their batches as
+shapes (bench/compile.py's too). Beside them, the
 benchmarks' random batches and the matmul FLOPs of a train step (no torch: bench/run.py and
 bench/gpu.py share them)."""
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from t5nb.adapters import FINE_TUNING_METHODS
@@ -27,6 +30,18 @@ def course_trainers(profile, dtype, mesh) -> dict:
             "finetune_step": (finetuning, finetune_lengths, False),
             "eval_step": (finetuning, finetune_lengths, False),
             "decode_batch": (finetuning, finetune_lengths, False)}
+
+
+def abstract_batch(trainer: Trainer, batch_size: int, lengths: dict, packed: bool) -> dict:
+    """The feature converter's batch as shapes, placed as `trainer` shards it: packed
+    pretraining batches add segment ids and positions."""
+    names = {"encoder_input_tokens": "inputs", "decoder_input_tokens": "targets", "decoder_target_tokens": "targets",
+             "decoder_loss_weights": "targets"}
+    if packed:
+        names.update(encoder_segment_ids="inputs", encoder_positions="inputs", decoder_segment_ids="targets",
+                     decoder_positions="targets")
+    return {name: jax.ShapeDtypeStruct((batch_size, lengths[feature]), jnp.int32, sharding=trainer.batch_sharding)
+            for name, feature in names.items()}
 
 
 def adapted_trainer(profile, dtype, mesh, method: str) -> Trainer:
