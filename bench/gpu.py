@@ -231,7 +231,8 @@ def describe_jax() -> dict:
 
 
 def train_phase(phase: Phase, args, say: Say) -> None:
-    from programs import analytic_train_flops, make_batch  # bench/programs.py
+    from programs import make_batch  # bench/programs.py
+    from t5nb.trainer import train_step_flops
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -272,7 +273,7 @@ def train_phase(phase: Phase, args, say: Say) -> None:
         + f"; XLA plans {planned / 1e9:.2f} GB" + (f", so about {fit} rows would fit" if fit else ""),
         step_s=step_s, step_times_s=times[1:], planned_gb=planned / 1e9, rows_fitting_estimate=fit, **memory)
     peak = time_matmul(1024 if args.quick else 8192, jnp.dtype(dtype))
-    flops = analytic_train_flops(config, rows, inputs, targets)
+    flops = train_step_flops(config, rows, inputs, targets)
     say(f"MFU {flops / step_s / peak:.1%} of the {peak / 1e12:.1f} TFLOP/s {dtype} matmul measured here",
         analytic_flops=flops, matmul_peak_flops=peak, mfu=flops / step_s / peak)
     if phase.settings.get("save_for_hf"):

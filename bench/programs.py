@@ -2,8 +2,7 @@
 builds them too): bench/accelerator_estimates.py compiles them, bench/gpu.py runs them, and
 tests/test_profiles.py holds them equal to what the workflow's recipes train; their batches as
 shapes (bench/compile.py's too). Beside them, the
-benchmarks' random batches and the matmul FLOPs of a train step (no torch: bench/run.py and
-bench/gpu.py share them)."""
+benchmarks' random batches (no torch: bench/run.py and bench/gpu.py share them)."""
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -57,29 +56,6 @@ def _trainer(profile, dtype, mesh, train_config, **model_fields) -> Trainer:
                          "its programs come from workflow's recipes")
     config = get_config(profile.model, dtype=dtype, dropout_rate=0.0, **(profile.execution or {}), **model_fields)
     return Trainer(config, train_config, mesh)
-
-
-def analytic_train_flops(c: T5Config, batch: int, inputs: int, targets: int) -> float:
-    """Matmul FLOPs of one train step: 3x the forward (backward = 2x), counted per part.
-
-    Counts projections, attention scores and mixing, MLPs and the output layer; leaves out
-    norms, softmax, embedding lookups and the optimizer (a few % at most).
-    """
-    e, hd, m, v = c.emb_dim, c.num_heads * c.head_dim, c.mlp_dim, c.vocab_size
-    n_wi = len(c.mlp_activations)
-    te, td = batch * inputs, batch * targets
-
-    def attention(q_tokens, kv_tokens, q_len, k_len):
-        projections = 2 * q_tokens * e * hd * 2 + 2 * kv_tokens * e * hd * 2  # q, out; k, v
-        return projections + 2 * 2 * batch * q_len * k_len * hd  # scores and weighted sum
-
-    def mlp(tokens):
-        return 2 * tokens * e * m * (n_wi + 1)
-
-    encoder = c.num_encoder_layers * (attention(te, te, inputs, inputs) + mlp(te))
-    decoder = c.num_decoder_layers * (attention(td, td, targets, targets)
-                                      + attention(td, te, targets, inputs) + mlp(td))
-    return 3.0 * (encoder + decoder + 2 * td * e * v)
 
 
 def make_batch(c: T5Config, batch: int, inputs: int, targets: int, seed: int = 0) -> dict:

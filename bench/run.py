@@ -39,7 +39,7 @@ from t5nb import checkpoints, decode  # noqa: E402
 from t5nb.config import get_config  # noqa: E402
 from t5nb.system import time_matmul  # noqa: E402
 from t5nb.trainer import Trainer, TrainConfig  # noqa: E402
-from programs import analytic_train_flops, make_batch  # noqa: E402  (bench/programs.py)
+from programs import make_batch  # noqa: E402  (bench/programs.py)
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 SHAPES = {  # name -> (preset, batch, input length, target length)
@@ -150,7 +150,7 @@ def bench_t5nb(trainer: Trainer, params: dict, batch: dict, warmup: int, repeats
     with PeakMemory() as memory:
         first, times = timed_steps(step, warmup, repeats)
     return {"step_s": statistics.median(times), "step_times_s": times, "compile_s": trainer.compile_seconds,
-            "first_step_s": first, "xla_flops": trainer.step_flops(), **memory.report("jax")}
+            "first_step_s": first, **memory.report("jax")}
 
 
 def bench_hf(hf_dir: str, batch: dict, dtype: str, warmup: int, repeats: int, compiled: bool = False) -> dict:
@@ -195,7 +195,7 @@ def bench_train(shape: str, dtype: str, dropout: float, warmup: int, repeats: in
     gc.collect()
     ours = bench_t5nb(trainer, params, batch, warmup, repeats)
     gc.collect()
-    flops = analytic_train_flops(config, batch_size, inputs, targets)
+    flops = train_step_flops(config, batch_size, inputs, targets)
     tokens = batch_size * (inputs + targets)
     result = {"shape": f"{preset} b{batch_size} {inputs}/{targets}", "dtype": dtype, "dropout": dropout,
               "optimizer": "adafactor", "tokens_per_step": tokens, "analytic_flops": flops,
@@ -277,7 +277,7 @@ def print_table(results: dict) -> None:
                   f"{compile_s:>9s} {run['peak_rss_mb']:7.0f}")
         print(f"{'':32s} t5nb/HF throughput {train['ratio_vs_hf']:.2f}x, "
               f"{100 * train['frac_of_jax_fp32_peak']:.1f}% of JAX fp32 matmul peak "
-              f"(analytic {train['analytic_flops'] / 1e9:.0f} GFLOP/step, XLA {(train['t5nb']['xla_flops'] or 0) / 1e9:.0f})")
+              f"(analytic {train['analytic_flops'] / 1e9:.0f} GFLOP/step)")
     for run in results.get("decode_runs", []):
         print(f"greedy decoding, batch {run['batch']}, {run['input_length']} input tokens, {run['new_tokens']} new: "
               f"t5nb {run['t5nb']['s']:.2f} s ({run['t5nb_tokens_per_s']:.0f} tokens/s), "

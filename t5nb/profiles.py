@@ -80,13 +80,12 @@ PROFILES = _read_profiles(pathlib.Path(__file__).with_name("profiles.toml"))
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-    """An accelerator the course is sized for; `peak_flops` is its dense peak in the dtype
-    `compute_dtype` gives it (bfloat16, or float32 where it has no bfloat16 units)."""
+    """An accelerator the course is sized for, by its vendor's data sheet."""
 
     kind: str  # how jax.Device.device_kind starts on it
     platform: str  # tpu or gpu
     compute_capability: str | None  # an NVIDIA GPU's: 8.0 and up compute in bfloat16
-    peak_flops: float
+    peak_flops: dict  # dense peak FLOP/s (no sparsity) by the matmul's number format: bfloat16, tf32, float32
     bandwidth: float  # memory bytes/s
     memory: float  # bytes per chip
     offered_by: str  # where a learner gets one
@@ -96,17 +95,34 @@ class Chip:
         return types.SimpleNamespace(platform=self.platform, device_kind=self.kind,
                                      compute_capability=self.compute_capability)
 
+    def peak(self, dtype) -> float:
+        """The dense peak of matmuls computing in `dtype`: float32 runs as TF32 where the chip has
+        it (JAX's default matmul precision on an NVIDIA GPU from the A100 on); the one denominator
+        of every MFU t5nb and its benchmarks print."""
+        name = jnp.dtype(dtype).name
+        if name == "float32" and "tf32" in self.peak_flops:
+            name = "tf32"
+        if name not in self.peak_flops:
+            raise ValueError(f"{self.kind} has no {name} peak in its data sheet (has {sorted(self.peak_flops)})")
+        return self.peak_flops[name]
 
-CHIPS = {  # vendors' data sheets: dense peak (no sparsity), HBM bandwidth and size
-    "v5e": Chip("TPU v5 lite", "tpu", None, 197e12, 819e9, 16e9, "Colab (1 chip), Kaggle (8 chips)"),
-    "v4": Chip("TPU v4", "tpu", None, 275e12, 1228e9, 32e9, "Google Cloud"),
-    "v3": Chip("TPU v3", "tpu", None, 123e12, 900e9, 16e9, "Google Cloud"),
-    "t4": Chip("Tesla T4", "gpu", "7.5", 8.1e12, 320e9, 16e9, "Colab (1), Kaggle (2)"),
-    "p100": Chip("Tesla P100", "gpu", "6.0", 9.3e12, 732e9, 16e9, "Kaggle (1)"),
-    "l4": Chip("NVIDIA L4", "gpu", "8.9", 121e12, 300e9, 24e9, "Colab Pro"),
-    "a100": Chip("NVIDIA A100", "gpu", "8.0", 312e12, 1555e9, 40e9, "Colab Pro"),
-    "h100": Chip("NVIDIA H100", "gpu", "9.0", 989e12, 3350e9, 80e9, "Colab Pro, clouds"),
-    "h200": Chip("NVIDIA H200", "gpu", "9.0", 989e12, 4800e9, 141e9, "clouds"),
+
+def _flops(bfloat16=None, tf32=None, float32=None) -> dict:
+    """A chip's dense peaks by number format, the formats it has."""
+    return {name: value for name, value in (("bfloat16", bfloat16), ("tf32", tf32), ("float32", float32)) if value}
+
+
+CHIPS = {  # vendors' data sheets: dense peak (no sparsity), HBM bandwidth and size; the GPUs' SXM forms
+    "v5e": Chip("TPU v5 lite", "tpu", None, _flops(bfloat16=197e12), 819e9, 16e9, "Colab (1 chip), Kaggle (8 chips)"),
+    "v4": Chip("TPU v4", "tpu", None, _flops(bfloat16=275e12), 1228e9, 32e9, "Google Cloud"),
+    "v3": Chip("TPU v3", "tpu", None, _flops(bfloat16=123e12), 900e9, 16e9, "Google Cloud"),
+    # Turing and Pascal: no bfloat16 or TF32 units (a T4's 65 TFLOP/s are float16's, which T5 overflows)
+    "t4": Chip("Tesla T4", "gpu", "7.5", _flops(float32=8.1e12), 320e9, 16e9, "Colab (1), Kaggle (2)"),
+    "p100": Chip("Tesla P100", "gpu", "6.0", _flops(float32=9.3e12), 732e9, 16e9, "Kaggle (1)"),
+    "l4": Chip("NVIDIA L4", "gpu", "8.9", _flops(121e12, 60e12, 30.3e12), 300e9, 24e9, "Colab Pro"),
+    "a100": Chip("NVIDIA A100", "gpu", "8.0", _flops(312e12, 156e12, 19.5e12), 1555e9, 40e9, "Colab Pro"),
+    "h100": Chip("NVIDIA H100", "gpu", "9.0", _flops(989e12, 494.7e12, 67e12), 3350e9, 80e9, "Colab Pro, clouds"),
+    "h200": Chip("NVIDIA H200", "gpu", "9.0", _flops(989e12, 494.7e12, 67e12), 4800e9, 141e9, "clouds"),
 }
 
 

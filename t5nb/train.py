@@ -38,11 +38,14 @@ def validation_scalars(metrics: dict) -> dict:
     return {f"{VALIDATION}{name}": value for name, value in metrics.items()}
 
 
-def _peak_flops(mesh) -> float:
-    """The mesh's dense peak in the dtype it computes in (profiles.CHIPS), for the MFU a run
-    reports; on a CPU or an unknown chip, its measured float32 matmul rate."""
-    chip = chip_of(mesh.devices.flat[0])
-    return (chip.peak_flops if chip else time_matmul(1024)) * mesh.devices.size
+def _utilisation(trainer: Trainer) -> tuple[str, float]:
+    """What a run's step FLOP/s are divided by, and its name: on a chip of profiles.CHIPS, the
+    mesh's dense peak from the data sheet in the dtype the model computes in (`mfu`); elsewhere
+    (a CPU), this machine's float32 matmul rate, measured (`matmul_rate_fraction`)."""
+    chip, chips = chip_of(trainer.mesh.devices.flat[0]), trainer.mesh.devices.size
+    if chip is None:
+        return "matmul_rate_fraction", time_matmul(1024) * chips
+    return "mfu", chip.peak(trainer.model_config.dtype) * chips
 
 
 @dataclasses.dataclass
@@ -157,11 +160,11 @@ class MetricsLog:
             raise FloatingPointError(f"loss became {metrics['loss']} (grad norm {metrics['grad_norm']}) "
                                      f"between steps {step - len(sums)} and {step}; stopped, {self.where()}")
         if self.flops is None:
-            self.flops, self.peak = self.trainer.step_flops(), _peak_flops(self.trainer.mesh)
+            self.flops, (self.utilisation, self.peak) = self.trainer.step_flops(), _utilisation(self.trainer)
         metrics["seqs_per_s"] = float(total["sequences"]) / elapsed
         metrics["target_tokens_per_s"] = float(total["weight"]) / elapsed
         if self.flops:
-            metrics["mfu"] = self.flops * len(sums) / elapsed / self.peak
+            metrics[self.utilisation] = self.flops * len(sums) / elapsed / self.peak
         metrics["compile_s"] = self.trainer.compile_seconds
         self.writer.write_scalars(step, metrics)
         self.history.append({"step": step, **metrics})

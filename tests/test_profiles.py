@@ -3,6 +3,7 @@ import json
 import pathlib
 import types
 
+import jax.numpy as jnp
 import pytest
 
 import t5nb
@@ -104,6 +105,17 @@ def test_each_chip_is_detected_with_its_profile_and_peak(monkeypatch, key):
     assert t5nb.get_profile() is PROFILES[PROFILE_OF_CHIP[key]]
     assert profiles.chip_of(device) is CHIPS[key]
     assert profiles.chip_of(types.SimpleNamespace(platform="cpu", device_kind="cpu")) is None
+
+
+def test_a_chips_peak_is_its_data_sheets_for_the_format_its_matmuls_run_in():
+    """bfloat16 at its bfloat16 peak; float32 at TF32's where the chip has TF32 (JAX's default
+    matmul precision on an A100 or H100), else at float32's (a T4); a format the chip lacks is refused."""
+    assert CHIPS["h200"].peak(jnp.bfloat16) == 989e12 and CHIPS["h200"].peak(jnp.float32) == 494.7e12
+    assert CHIPS["t4"].peak(jnp.float32) == 8.1e12 and CHIPS["v5e"].peak("bfloat16") == 197e12
+    with pytest.raises(ValueError, match="Tesla T4 has no bfloat16 peak"):
+        CHIPS["t4"].peak(jnp.bfloat16)
+    for key, chip in CHIPS.items():  # every chip has a peak in the dtype the course computes in on it
+        assert chip.peak(profiles.compute_dtype(chip.device())) > 0, key
 
 
 def test_fp32_gpu_is_the_accelerator_course_at_smaller_sizes():

@@ -16,8 +16,10 @@ from t5nb import layerwise
 from t5nb.checkpoints import RunCheckpoints, flatten, runs
 from t5nb.config import get_config
 from t5nb.model import shift_right
+from t5nb import train as train_lib
+from t5nb.profiles import CHIPS
 from t5nb.train import train
-from t5nb.trainer import TrainConfig, Trainer, cross_entropy_with_z_loss, is_argmax, teacher_forced
+from t5nb.trainer import TrainConfig, Trainer, cross_entropy_with_z_loss, is_argmax, teacher_forced, train_step_flops
 
 WORKER = pathlib.Path(__file__).with_name("train_worker.py")
 
@@ -284,8 +286,10 @@ def test_metrics_go_to_tensorboard_and_history(tmp_path):
                    on_log=lambda s, m: logged.append((s, "validation/loss" in m)))
     assert logged == [(2, False), (4, False), (4, True)] and [h["step"] for h in result.history] == [2, 4]
     assert result.train_eval[0][1]["decoded/vocab"] == 64
-    for name in ("loss", "accuracy", "z_loss", "learning_rate", "grad_norm", "seqs_per_s", "target_tokens_per_s", "mfu"):
+    for name in ("loss", "accuracy", "z_loss", "learning_rate", "grad_norm", "seqs_per_s", "target_tokens_per_s",
+                 "matmul_rate_fraction"):
         assert np.isfinite(result.history[-1][name]), name
+    assert "mfu" not in result.history[-1]  # a CPU has no data sheet's peak in profiles.CHIPS
     assert result.history[-1]["learning_rate"] == pytest.approx(1e-2)
     assert result.train_eval[0][0] == 4 and 0 <= result.train_eval[0][1]["accuracy"] <= 1
     assert list((tmp_path / "train").glob("events.out.tfevents.*"))
@@ -330,3 +334,29 @@ def test_init_state_copies_params_so_donation_leaves_the_callers_arrays_alive():
     params = trainer.init_params()
     state, _ = trainer.train_step(trainer.init_state(params), trainer.shard_batch(copy_batch()))
     assert all(np.isfinite(np.asarray(p)).all() for p in jax.tree.leaves(params))  # not deleted by donation
+
+
+
+def test_mfu_divides_by_the_data_sheets_peak_in_the_models_compute_dtype(monkeypatch):
+    """On a chip of profiles.CHIPS a run's MFU (PaLM's) divides by its peak in the dtype the
+    model computes in; elsewhere a run reports its FLOP/s over the measured matmul rate."""
+    trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64, dtype=jnp.bfloat16), TrainConfig(learning_rate=1e-2))
+    monkeypatch.setattr(train_lib, "chip_of", lambda device: CHIPS["h100"])
+    assert train_lib._utilisation(trainer) == ("mfu", 989e12 * trainer.mesh.devices.size)
+
+
+def test_a_steps_model_flops_are_xlas_count_of_its_matmuls_and_count_every_scanned_layer():
+    """`train_step_flops` counts the matmuls: within 5% below XLA's count of the whole unrolled
+    step (which adds the elementwise work); a scanned model's step counts the same (XLA's
+    analysis counts a scan's layer once)."""
+    config = get_config("t5.1.1-mini", vocab_size=1024, dropout_rate=0.0)
+    trainer = Trainer(config, TrainConfig(learning_rate=1e-3))
+    batch = {name: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=trainer.batch_sharding)
+             for name, x in trainer.shard_batch(copy_batch(length=32, vocab=1024)).items()}
+    rows, inputs = batch["encoder_input_tokens"].shape
+    targets = batch["decoder_target_tokens"].shape[1]
+    xla = jax.jit(trainer._train_step_fn).lower(trainer.abstract_state(), {}, batch).cost_analysis()
+    assert 0.95 <= train_step_flops(config, rows, inputs, targets) / xla["flops"] <= 1.0
+    scanned = Trainer(config.replace(scan_layers=True), TrainConfig(learning_rate=1e-3))
+    scanned.train_step(scanned.init_state(), scanned.shard_batch(copy_batch(length=32, vocab=1024)))
+    assert scanned.step_flops() == train_step_flops(config, rows, inputs, targets)
