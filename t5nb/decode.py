@@ -51,8 +51,9 @@ def _check_settings(**settings) -> None:
             raise ValueError(f"{name} must be {expected}, got {value!r}")
 
 
-def check_decoding(method: str, max_decode_length: int, **options) -> None:
-    """Refuse an unknown decoding `method`, an option it does not take, or a value out of range."""
+def check_decoding(method: str, max_decode_length: int, vocab_size: int | None = None, **options) -> None:
+    """Refuse an unknown decoding `method`, an option it does not take, or a value out of range
+    (with the model's `vocab_size`, a `top_k` above it)."""
     if method not in DECODING_OPTIONS:
         raise ValueError(f"unknown decoding method {method!r}: use 'greedy', 'beam' or 'sample'")
     unknown = sorted(set(options) - set(DECODING_OPTIONS[method]))
@@ -60,14 +61,17 @@ def check_decoding(method: str, max_decode_length: int, **options) -> None:
         raise ValueError(f"decoding method {method!r} takes no option {', '.join(unknown)}; "
                          f"its options: {', '.join(DECODING_OPTIONS[method]) or 'none'}")
     _check_settings(max_decode_length=max_decode_length, **{k: v for k, v in options.items() if k in _SETTINGS})
+    if vocab_size is not None and options.get("top_k", 0) > vocab_size:
+        raise ValueError(f"top_k must be at most the model's vocabulary of {vocab_size} tokens (0: no top-k "
+                         f"filter), got {options['top_k']}")
 
 
 class Decoded(NamedTuple):
     """`sequences` [b, max_decode_length] (beam search: [b, num_decodes, L], best first) and
-    `scores` [b] ([b, num_decodes]): summed log-probabilities."""
+    `scores` [b] ([b, num_decodes]): summed log-probabilities; on the host."""
 
-    sequences: jax.Array
-    scores: jax.Array
+    sequences: np.ndarray
+    scores: np.ndarray
 
 
 def brevity_penalty(alpha: float, length):
@@ -76,22 +80,18 @@ def brevity_penalty(alpha: float, length):
 
 
 def filter_logits(logits, top_k=0, top_p=1.0):
-    """Keep the `top_k` largest logits (0: all) and the smallest set whose probability
-    reaches `top_p`; the rest become NEG_INF. Both may be traced: one program for every value."""
-    def top(logits):
-        kth_largest = jnp.take(jnp.sort(logits, axis=-1), logits.shape[-1] - top_k, axis=-1)[..., None]
-        return jnp.where(logits < kth_largest, NEG_INF, logits)
-
-    logits = jax.lax.cond(top_k > 0, top, lambda x: x, logits)  # no sort unless asked
-
-    def nucleus(logits):
-        sorted_logits = jnp.sort(logits, axis=-1)[..., ::-1]
-        probs = jax.nn.softmax(sorted_logits, axis=-1)
-        before = jnp.cumsum(probs, axis=-1) - probs  # probability of the larger logits
-        cutoff = jnp.min(jnp.where(before < top_p, sorted_logits, jnp.inf), axis=-1, keepdims=True)
-        return jnp.where(logits < cutoff, NEG_INF, logits)
-
-    return jax.lax.cond(top_p < 1.0, nucleus, lambda x: x, logits)  # no sort unless asked
+    """Keep the `top_k` largest logits (0: all), then of those the smallest set whose probability
+    reaches `top_p`; the rest become NEG_INF. One sort serves both. Both may be traced: one
+    program for every value."""
+    descending = jnp.sort(logits, axis=-1)[..., ::-1]
+    kth_largest = jnp.take(descending, jnp.clip(top_k - 1, 0, logits.shape[-1] - 1), axis=-1)[..., None]
+    kth_largest = jnp.where(top_k > 0, kth_largest, -jnp.inf)
+    kept = jnp.where(descending < kth_largest, NEG_INF, descending)  # top-k's, still in order
+    probs = jax.nn.softmax(kept, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # probability of the larger logits
+    cutoff = jnp.min(jnp.where(before < top_p, kept, jnp.inf), axis=-1, keepdims=True)
+    cutoff = jnp.where(top_p < 1.0, cutoff, -jnp.inf)
+    return jnp.where(logits < jnp.maximum(kth_largest, cutoff), NEG_INF, logits)
 
 
 # -- the jitted programs ----------------------------------------------------------------------
@@ -144,9 +144,11 @@ def _start(model, encoder_input_tokens, max_decode_length, copies=1):
     return jax.tree.map(lambda x: jnp.repeat(x, copies, axis=0) if x.ndim else x, cache)
 
 
-def _sample(model, encoder_input_tokens, rng, temperature, top_k, top_p, rows, limit, *, max_decode_length):
-    """Greedy (temperature 0) or temperature sampling: one token per row per step, for the
-    first `rows` rows and `limit` steps (the rest pad a bucket, see `_buckets`)."""
+def _sample(model, encoder_input_tokens, rng, temperature, top_k, top_p, rows, limit, *, max_decode_length,
+            greedy, filtered):
+    """Greedy (`greedy`) or temperature sampling (through `filter_logits` where `filtered`): one
+    token per row per step, for the first `rows` rows and `limit` steps (the rest pad a bucket,
+    see `_buckets`). Both choices are the program's own, made once per call, not per step."""
     batch = encoder_input_tokens.shape[0]
     cache = _start(model, encoder_input_tokens, max_decode_length)
 
@@ -159,8 +161,11 @@ def _sample(model, encoder_input_tokens, rng, temperature, top_k, top_p, rows, l
         logits, cache = model.decode_step(token, cache)
         log_probs = jax.nn.log_softmax(logits)
         rng, key = jax.random.split(rng)
-        choice = jax.lax.cond(temperature == 0, lambda: jnp.argmax(logits, axis=-1),
-                              lambda: jax.random.categorical(key, filter_logits(logits / temperature, top_k, top_p)))
+        if greedy:
+            choice = jnp.argmax(logits, axis=-1)
+        else:
+            tempered = logits / temperature
+            choice = jax.random.categorical(key, filter_logits(tempered, top_k, top_p) if filtered else tempered)
         choice = jnp.where(done, PAD_ID, choice).astype(jnp.int32)
         chosen = jnp.take_along_axis(log_probs, choice[:, None], axis=-1)[:, 0]
         scores = scores + jnp.where(done, 0.0, chosen)
@@ -257,68 +262,77 @@ _sample_jit, _beam_jit, _score_jit, _rank_jit = map(_sharded, (_sample, _beam_se
 
 # -- public functions -------------------------------------------------------------------------
 # Decoding compiles one program per model, method, input length and these buckets of rows and of
-# steps, not one per size asked: rows and steps are padded up to a power of two, steps to at least
-# LEAST_STEPS (a longer cache costs a step little; more rows cost a CPU in proportion).
-LEAST_ROWS, LEAST_STEPS = 1, 32
+# steps, not one per size asked. Rows cost a CPU in proportion, so they pad little: up to
+# ROWS_STEP to a power of two (1, 2, 4, 8), above it to a multiple of ROWS_STEP, and with a mesh
+# to a multiple of its data-parallel degree. Steps pad to a power of two, at least LEAST_STEPS (a
+# longer cache costs a step little).
+ROWS_STEP, LEAST_STEPS = 8, 32
 
 
-def _buckets(encoder_input_tokens, max_decode_length: int, mesh) -> tuple[np.ndarray, int]:
-    """The inputs padded with empty rows to their bucket (a multiple of the mesh's data-parallel
-    degree), and the steps' bucket."""
-    def bucket(n, least):
-        return max(least, 1 << (n - 1).bit_length())
-
-    rows = len(encoder_input_tokens)
-    padded = bucket(rows, LEAST_ROWS)
+def _buckets(encoder_input_tokens, max_decode_length: int, mesh, min_rows: int) -> tuple[np.ndarray, int]:
+    """The inputs padded with empty rows to the bucket of their rows (at least `min_rows`), and
+    the steps' bucket."""
+    rows = max(len(encoder_input_tokens), min_rows)
+    padded = 1 << (rows - 1).bit_length() if rows <= ROWS_STEP else -(-rows // ROWS_STEP) * ROWS_STEP
     if mesh is not None:
         padded = -(-padded // mesh.shape["data"]) * mesh.shape["data"]
     tokens = np.asarray(encoder_input_tokens)
-    return np.pad(tokens, ((0, padded - rows), (0, 0))), bucket(max_decode_length, LEAST_STEPS)
+    steps = max(LEAST_STEPS, 1 << (max_decode_length - 1).bit_length())
+    return np.pad(tokens, ((0, padded - len(tokens)), (0, 0))), steps
 
 
-def greedy_decode(model, encoder_input_tokens, max_decode_length: int, *, mesh=None) -> Decoded:
+# Each decoding below takes `min_rows`: the rows its program is compiled for at least, so that
+# batches of up to that many rows (a Predictor's chunks) share one program; their padding rows
+# start done.
+def greedy_decode(model, encoder_input_tokens, max_decode_length: int, *, mesh=None, min_rows: int = 1) -> Decoded:
     """The most likely token at every step: sequences [b, L] and their log-likelihoods [b]."""
-    return sample_decode(model, encoder_input_tokens, max_decode_length, temperature=0.0, mesh=mesh)
+    return sample_decode(model, encoder_input_tokens, max_decode_length, temperature=0.0, mesh=mesh,
+                         min_rows=min_rows)
 
 
 def sample_decode(model, encoder_input_tokens, max_decode_length: int, *, temperature: float = 1.0,
-                  top_k: int = 0, top_p: float = 1.0, seed: int | jax.Array = 0, mesh=None) -> Decoded:
+                  top_k: int = 0, top_p: float = 1.0, seed: int | jax.Array = 0, mesh=None,
+                  min_rows: int = 1) -> Decoded:
     """Temperature sampling from the top-k / top-p filtered distribution (temperature 0: greedy).
 
     Scores are the model's own (untempered) log-probabilities of the sampled tokens; the same
     `seed` gives the same samples."""
-    _check_settings(max_decode_length=max_decode_length, temperature=temperature, top_k=top_k, top_p=top_p)
+    check_decoding("sample", max_decode_length, model.config.vocab_size, temperature=temperature, top_k=top_k,
+                   top_p=top_p)
     rng = jax.random.key(seed) if isinstance(seed, int) else seed
     rows = len(encoder_input_tokens)
-    tokens, steps = _buckets(encoder_input_tokens, max_decode_length, mesh)
+    tokens, steps = _buckets(encoder_input_tokens, max_decode_length, mesh, min_rows)
     sequences, scores = _sample_jit(model, tokens, rng, jnp.float32(temperature), jnp.int32(top_k),
                                     jnp.float32(top_p), jnp.int32(rows), jnp.int32(max_decode_length), mesh=mesh,
-                                    max_decode_length=steps)
-    return Decoded(sequences[:rows, :max_decode_length], scores[:rows])
+                                    max_decode_length=steps, greedy=bool(temperature == 0),
+                                    filtered=bool(temperature != 0 and (top_k > 0 or top_p < 1)))
+    return Decoded(np.asarray(sequences)[:rows, :max_decode_length], np.asarray(scores)[:rows])
 
 
 def beam_search(model, encoder_input_tokens, max_decode_length: int, *, num_decodes: int = 4,
-                alpha: float = 0.6, mesh=None) -> Decoded:
+                alpha: float = 0.6, mesh=None, min_rows: int = 1) -> Decoded:
     """Beam search: sequences [b, num_decodes, L] ranked by log-prob / brevity_penalty(alpha,
     length), best first, and their log-likelihoods [b, num_decodes]."""
     _check_settings(max_decode_length=max_decode_length, num_decodes=num_decodes)
     rows = len(encoder_input_tokens)
-    tokens, steps = _buckets(encoder_input_tokens, max_decode_length, mesh)
+    tokens, steps = _buckets(encoder_input_tokens, max_decode_length, mesh, min_rows)
     sequences, scores = _beam_jit(model, tokens, jnp.float32(alpha), jnp.int32(rows), jnp.int32(max_decode_length),
                                   mesh=mesh, max_decode_length=steps, num_decodes=int(num_decodes))
-    return Decoded(sequences[:rows, :, :max_decode_length], scores[:rows])
+    return Decoded(np.asarray(sequences)[:rows, :, :max_decode_length], np.asarray(scores)[:rows])
 
 
 def generate(model, encoder_input_tokens, max_decode_length: int, *, method: str = "greedy", mesh=None,
-           **options) -> Decoded:
+             min_rows: int = 1, **options) -> Decoded:
     """The best sequence per input [b, L] and its score [b], by `method`: "greedy", "beam"
     (options `num_decodes`, `alpha`) or "sample" (`temperature`, `top_k`, `top_p`, `seed`)."""
-    check_decoding(method, max_decode_length, **options)
+    check_decoding(method, max_decode_length, model.config.vocab_size, **options)
     if method == "greedy":
-        return greedy_decode(model, encoder_input_tokens, max_decode_length, mesh=mesh, **options)
+        return greedy_decode(model, encoder_input_tokens, max_decode_length, mesh=mesh, min_rows=min_rows, **options)
     if method == "sample":
-        return sample_decode(model, encoder_input_tokens, max_decode_length, mesh=mesh, **options)
-    sequences, scores = beam_search(model, encoder_input_tokens, max_decode_length, mesh=mesh, **options)
+        return sample_decode(model, encoder_input_tokens, max_decode_length, mesh=mesh, min_rows=min_rows,
+                             **options)
+    sequences, scores = beam_search(model, encoder_input_tokens, max_decode_length, mesh=mesh, min_rows=min_rows,
+                                    **options)
     return Decoded(sequences[:, 0], scores[:, 0])
 
 
@@ -410,7 +424,7 @@ class Predictor:
         self.prefix = task_prefix(self.task)
         check_vocabulary(model.config.vocab_size, self.task)
         _check_settings(input_length=input_length, batch_size=batch_size)
-        check_decoding(method, max_decode_length, **options)
+        check_decoding(method, max_decode_length, model.config.vocab_size, **options)
         self.input_length, self.max_decode_length, self.batch_size = input_length, max_decode_length, batch_size
         self.method, self.mesh, self.options = method, mesh, options
 
@@ -423,15 +437,14 @@ class Predictor:
         return encode_texts(self.input_vocabulary, texts, self.input_length)
 
     def generate(self, encoder_input_tokens) -> tuple[np.ndarray, np.ndarray]:
-        """Sequences [n, L] and scores [n] in fixed-size batches (one compiled program)."""
+        """Sequences [n, L] and scores [n] in batches of `batch_size` rows (one compiled program;
+        a shorter last batch's padding rows start done)."""
         sequences, scores = [], []
         for start in range(0, len(encoder_input_tokens), self.batch_size):
-            chunk = encoder_input_tokens[start:start + self.batch_size]
-            padded = np.pad(chunk, ((0, self.batch_size - len(chunk)), (0, 0)))
-            result = generate(self.model, padded, self.max_decode_length, method=self.method, mesh=self.mesh,
-                            **self.options)
-            sequences.append(np.asarray(result.sequences)[: len(chunk)])
-            scores.append(np.asarray(result.scores)[: len(chunk)])
+            result = generate(self.model, encoder_input_tokens[start:start + self.batch_size], self.max_decode_length,
+                              method=self.method, mesh=self.mesh, min_rows=self.batch_size, **self.options)
+            sequences.append(result.sequences)
+            scores.append(result.scores)
         if not sequences:  # no inputs
             return np.zeros((0, self.max_decode_length), np.int32), np.zeros(0, np.float32)
         return np.concatenate(sequences), np.concatenate(scores)

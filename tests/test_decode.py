@@ -1,8 +1,10 @@
 """Decoding: cached greedy vs full forward passes, beam search, sampling, scoring, a 4x2 mesh.
 
-One model config and one input shape throughout, so each decoding program compiles once.
+One model config and input length throughout, so each decoding program compiles once per bucket
+of rows.
 Run as a script (`python tests/test_decode.py`, 8 simulated devices) it is the mesh worker.
 """
+import functools
 import json
 import math
 import os
@@ -181,6 +183,54 @@ def test_filter_logits_top_k_and_top_p():
     assert kept(top_p=0.5) == [False, True, False, False]
     assert kept(top_p=0.7) == [False, True, False, True]
     assert kept(top_p=0.8) == [False, True, True, True]
+
+
+def test_top_k_above_the_vocabulary_is_refused_and_the_whole_vocabulary_keeps_every_token(model):
+    inputs = make_inputs()
+    for call in (lambda k: decode.sample_decode(model, inputs, LENGTH, top_k=k, seed=5),
+                 lambda k: decode.generate(model, inputs, LENGTH, method="sample", top_k=k, seed=5)):
+        with pytest.raises(ValueError, match=rf"top_k must be at most the model's vocabulary of {CONFIG.vocab_size} "
+                                             rf"tokens \(0: no top-k filter\), got {CONFIG.vocab_size + 1}"):
+            call(CONFIG.vocab_size + 1)
+    everything = decode.sample_decode(model, inputs, LENGTH, top_k=CONFIG.vocab_size, seed=5)
+    np.testing.assert_array_equal(everything.sequences, decode.sample_decode(model, inputs, LENGTH, seed=5).sequences)
+
+
+def test_greedy_or_sampling_is_the_programs_own_and_one_sort_serves_top_k_and_top_p(model):
+    """No conditional per step: a greedy program sorts nothing, sampling sorts only to filter,
+    and the filter sorts once."""
+    def program(**choice):
+        run = functools.partial(decode._sample, model, max_decode_length=LENGTH, **choice)
+        return str(jax.make_jaxpr(run)(make_inputs(), jax.random.key(0), 1.0, 2, 0.9, 4, LENGTH))
+
+    for choice, sorts in (({"greedy": True, "filtered": False}, 0), ({"greedy": False, "filtered": False}, 0),
+                          ({"greedy": False, "filtered": True}, 1)):
+        text = program(**choice)
+        assert (text.count("sort["), text.count("cond[")) == (sorts, 0), choice
+
+
+@pytest.mark.parametrize("rows", [3, 65])
+def test_a_batch_decodes_as_its_rows_one_at_a_time(model, rows):
+    """Rows pad to their bucket (a few rows over, see `decode._buckets`): the padding changes
+    no real row, whichever bucket it lands in, a Predictor's (`min_rows`) included."""
+    inputs = make_inputs(rows, seed=rows)
+    alone = [decode.greedy_decode(model, inputs[row:row + 1], LENGTH) for row in range(rows)]
+    for batch in (decode.greedy_decode(model, inputs, LENGTH), decode.greedy_decode(model, inputs, LENGTH, min_rows=8)):
+        np.testing.assert_array_equal(batch.sequences, np.concatenate([one.sequences for one in alone]))
+        np.testing.assert_allclose(batch.scores, np.concatenate([one.scores for one in alone]), rtol=1e-5)
+    assert len(np.unique(batch.sequences)) > 3
+
+
+def test_rows_pad_to_a_power_of_two_up_to_8_then_to_a_multiple_of_8_or_of_the_meshs_data_axis():
+    class Mesh:
+        shape = {"data": 16}
+
+    def padded(rows, mesh=None, min_rows=1):
+        return len(decode._buckets(np.zeros((rows, 4), np.int32), LENGTH, mesh, min_rows)[0])
+
+    assert [padded(rows) for rows in (1, 2, 3, 5, 8, 9, 17, 64, 65)] == [1, 2, 4, 8, 8, 16, 24, 64, 72]
+    assert padded(3, min_rows=8) == padded(8) == 8  # a Predictor's last, shorter batch: the same program
+    assert [padded(rows, Mesh()) for rows in (1, 17, 33)] == [16, 32, 48]
 
 
 def test_decoding_on_a_4x2_mesh_matches_one_device(mesh_worker_process, model, greedy):
