@@ -9,7 +9,9 @@ import time
 
 import jax
 import jax.numpy as jnp
+from jax._src import compilation_cache, lru_cache  # the persistent cache's own: see `WholeEntries`
 
+from t5nb.files import write_atomically
 from t5nb.paths import REPO_ROOT
 
 PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "seqio-nightly", "t5",
@@ -39,18 +41,62 @@ def runs_dir() -> pathlib.Path:
     return pathlib.Path(os.environ.get("T5NB_RUNS_DIR", default))
 
 
+# JAX's persistent compilation cache as `keep_compiled_programs` sets it. A program that compiles
+# in under CACHE_MIN_COMPILE_S is compiled again rather than kept: an eager op compiles in
+# milliseconds, and loading costs a file read (the course's smallest kept programs, optimizer
+# inits, compile in 0.04-0.4 s and load 10-20 times faster; bench/results/compile.json). Past
+# CACHE_MAX_BYTES the least recently used entries go.
+CACHE_MIN_COMPILE_S = 0.1
+CACHE_MAX_BYTES = 4 << 30
+COLAB_COMPILED = "/content/compiled"  # the runtime's own disk
+
+
+class WholeEntries(lru_cache.LRUCache):
+    """JAX's LRU cache (size cap, file lock) whose entries are written whole or not at all, and
+    replaced when written again. JAX writes an entry only after compiling its program, which it
+    does only where the entry is missing or fails to load: one cut short by a kill is compiled
+    again and replaced, where JAX's own cache keeps it and fails on it in every later process."""
+
+    def put(self, key: str, value: bytes) -> None:
+        if len(value) > self.max_size:
+            return super().put(key, value)  # JAX's warning, nothing written
+        self.lock.acquire(timeout=self.lock_timeout_secs)
+        try:
+            self._evict_if_needed(additional_size=len(value))
+            write_atomically(self.path / f"{key}{lru_cache._CACHE_SUFFIX}", value)
+            (self.path / f"{key}{lru_cache._ATIME_SUFFIX}").write_bytes(time.time_ns().to_bytes(8, "little"))
+        finally:
+            self.lock.release()
+
+
+def _whole_entries_cache(path: str) -> tuple[WholeEntries, str]:
+    """What JAX's `compilation_cache.get_file_cache` returns, with `WholeEntries`."""
+    return WholeEntries(path, max_size=jax.config.jax_compilation_cache_max_size), path
+
+
 def keep_compiled_programs() -> pathlib.Path:
-    """Keep every program JAX compiles in `<runs_dir()>/compiled` (JAX's persistent compilation
-    cache), so that a later kernel (the next notebook, a rerun, `t5nb train`) loads it instead of
-    compiling it again: minutes of XLA's compiler on an accelerator's host. A cache folder set
-    by `JAX_COMPILATION_CACHE_DIR` is kept. Every program is kept, not only those over JAX's
-    default of a second (`JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` overrides that). Call it
-    before the first compile: JAX reads these settings once. Returns the folder."""
-    folder = os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(runs_dir() / "compiled")
-    jax.config.update("jax_compilation_cache_dir", folder)
+    """Keep the programs JAX compiles (JAX's persistent compilation cache, `WholeEntries`) in
+    `<runs_dir()>/compiled`, so that a later kernel (the next notebook, a rerun, `t5nb train`)
+    loads them instead of compiling them again: minutes of XLA's compiler on an accelerator's
+    host. On Colab they stay on the runtime's disk (`COLAB_COMPILED`), even where runs go to Google
+    Drive, whose mount is no place for a file lock, so a new runtime compiles them once again. A
+    folder set by `JAX_COMPILATION_CACHE_DIR` is kept; `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`
+    overrides `CACHE_MIN_COMPILE_S`. JAX fixes the folder at its first compile after this call:
+    called again with another folder, this says that the first stays in use until the process
+    restarts. Returns the folder in use."""
+    folder = pathlib.Path(os.environ.get("JAX_COMPILATION_CACHE_DIR")
+                          or (COLAB_COMPILED if in_colab() else runs_dir() / "compiled"))
+    in_use = getattr(compilation_cache._cache, "path", None)
+    if in_use is not None and pathlib.Path(in_use) != folder:
+        print(f"compiled programs stay in {in_use}, not {folder}, until the kernel restarts: "
+              "JAX keeps the folder of its first compile")
+        return pathlib.Path(in_use)
+    compilation_cache.get_file_cache = _whole_entries_cache
+    jax.config.update("jax_compilation_cache_dir", str(folder))
+    jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
     jax.config.update("jax_persistent_cache_min_compile_time_secs",
-                      float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", 0)))
-    return pathlib.Path(folder)
+                      float(os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", CACHE_MIN_COMPILE_S)))
+    return folder
 
 
 def keep_runs_on_drive(folder: str = "t5nb/runs") -> str:

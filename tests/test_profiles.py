@@ -25,10 +25,12 @@ def test_unset_profile_follows_the_first_device(monkeypatch):
     assert detect_profile_name() == "accelerator"
 
 
-def test_the_setup_cells_profile_field_sets_the_profile_and_says_what_it_runs_and_how_long(monkeypatch, capsys):
+def test_the_setup_cells_profile_field_sets_the_profile_and_says_what_it_runs_and_how_long(monkeypatch, capsys,
+                                                                                            tmp_path):
     import os
 
     monkeypatch.setenv("T5NB_PROFILE", "ci")
+    monkeypatch.setattr(profiles, "keep_compiled_programs", lambda: tmp_path)  # the cache: tests/test_compile_cache.py
     assert t5nb.choose_profile("detected").name == "ci"  # what the environment says stays
     assert t5nb.choose_profile("cpu") is PROFILES["cpu"] is t5nb.get_profile()
     assert os.environ["T5NB_PROFILE"] == "cpu"  # the kernel's later cells, and the processes it starts
@@ -41,43 +43,6 @@ def test_the_setup_cells_profile_field_sets_the_profile_and_says_what_it_runs_an
     setup_cell = "".join(json.loads((profiles.REPO_ROOT / "notebooks" / "00_setup.ipynb").read_text())["cells"][1]["source"])
     assert f"#@param {json.dumps(profiles.CHOICES)}" in setup_cell  # the form field offers them all
     assert set(profiles.CHOICES) - {"detected"} <= set(PROFILES)
-
-
-# A process of the course: its setup cell, then one train step compiled; prints how many of the
-# step's programs JAX loaded from its persistent cache instead of compiling them.
-COMPILE_A_STEP = """
-import json, jax, jax.numpy as jnp, t5nb
-hits = []
-jax.monitoring.register_event_listener(lambda event, **_: event == "/jax/compilation_cache/cache_hits" and hits.append(1))
-t5nb.choose_profile("ci")
-from t5nb.config import get_config
-from t5nb.trainer import Trainer, TrainConfig
-trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=128), TrainConfig())
-batch = {name: jax.ShapeDtypeStruct((4, 16), jnp.int32, sharding=trainer.batch_sharding)
-         for name in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")}
-trainer.compile_train_step(trainer.abstract_state(), batch)
-print(json.dumps({"loaded": len(hits)}))
-"""
-
-
-def test_the_setup_cell_keeps_compiled_programs_under_the_runs_folder_for_the_next_process(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    env = {name: value for name, value in os.environ.items()
-           if name not in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS")}
-    env["T5NB_RUNS_DIR"] = str(tmp_path / "runs")
-
-    def loaded() -> int:
-        run = subprocess.run([sys.executable, "-c", COMPILE_A_STEP], capture_output=True, text=True, env=env)
-        assert run.returncode == 0, run.stderr[-2000:]
-        assert f"compiled programs are kept in {tmp_path / 'runs' / 'compiled'}" in run.stdout
-        return json.loads(run.stdout.splitlines()[-1])["loaded"]
-
-    assert loaded() == 0  # the first process compiles the step, and keeps it
-    assert any((tmp_path / "runs" / "compiled").iterdir())
-    assert loaded() >= 1  # the next loads it
 
 
 def test_each_estimated_setup_is_what_its_chip_is_told_and_other_profiles_have_no_estimate():
