@@ -7,16 +7,20 @@
 
 Each phase runs in a process of its own (this script, `--phase NAME`) under its timeout, and
 starts only if that timeout fits in what is left of `--deadline`; else it is skipped, saying
-so. They run in the headline's order of priority, t5nb before transformers: T5.1.1-small's
-bfloat16 train step at the accelerator course's 64 x 512/114 (time to the first step from the
-process's start, compile, step time, peak memory, MFU against the matmul peak measured in the
-same process), then transformers' eager step on the same weights and batch; greedy decoding at
-batch 8 and 64, then `generate` (tokens compared); T5.1.1-base's step; small at the `fp32-gpu`
-profile's 32 x 256/58 in float32; bfloat16 against float32 losses over real batches (`curves`);
-each course program in a process whose JAX may use 16 GB (`cap`); the small step again with
-malloc as `t5nb.tune_host()` sets it on a CPU (`t5nb.host.keep_freed_memory()`); `torch.compile`
-last (`--with-torch-compile`). Each figure is printed as it exists and written at once to
-bench/results/gpu-<stamp>-<backend>[-quick].json.
+so. All share one persistent compilation cache, as the course's runs do, and each says whether
+it compiled its step or loaded it. In order of priority: T5.1.1-small's bfloat16 train step at
+the accelerator course's 64 x 512/114 (its first step from the process's start, lap by lap;
+step time, peak memory, MFU against the chip's data-sheet peak beside the fraction of the matmul
+rate measured in the same process); `profile`: where small's and base's step time goes, by kind
+(bench/step_profile.py); the small step's variants, each a T5Config change (fused attention,
+no rematerialisation, unrolled layers, `remat_policy="auto"`) or another batch, and its
+compile again with the cache warm; transformers' step on the same weights and batch, eager and
+through `torch.compile`; an XLA flag; T5.1.1-base's step; greedy decoding at batch 8 and 64,
+then `generate` (tokens compared); small at the `fp32-gpu` profile's 32 x 256/58 in float32;
+bfloat16 against float32 losses (`curves`); each course program in a process whose JAX may use
+16 GB (`cap`); the small step again with malloc as `t5nb.tune_host()` sets it on a CPU
+(`t5nb.host.keep_freed_memory()`). Each figure is printed as it exists and written at once to
+bench/results/gpu-<stamp>-<backend>[-quick].json (each profile's trace and program beside it).
 """
 import argparse
 import dataclasses
@@ -49,8 +53,9 @@ class Phase:
     name: str
     kind: str  # which function of PHASES runs it
     timeout_s: int
+    expected_s: int  # what it took, or is expected to take, on an H200 (the plan's arithmetic)
     settings: dict = dataclasses.field(default_factory=dict)
-    needs: str | None = None  # the phase whose files (under --work) this one reads
+    needs: str | None = None  # the phase whose files (under --work) or results this one reads
     # first in its process: `t5nb.tune_host()`, as the course calls it (it leaves malloc alone on
     # an accelerator's host); or `t5nb.host.keep_freed_memory()`, its malloc settings on any host
     keep_freed_memory: bool = False
@@ -60,8 +65,9 @@ class Phase:
         return "transformers" if self.kind.startswith("hf") else "t5nb"
 
 
-def plan(quick: bool = False, with_torch_compile: bool = False) -> list[Phase]:
-    """The call's phases, in the order they run."""
+def plan(quick: bool = False) -> list[Phase]:
+    """The call's phases, in the order they run: the headline and where its time goes, the t5nb
+    variants measured against it (A/B), transformers, then what earlier calls measured already."""
     from programs import PROGRAMS  # bench/programs.py (imports JAX, which starts nothing)
 
     def seconds(gpu: int, cpu: int) -> int:
@@ -70,24 +76,37 @@ def plan(quick: bool = False, with_torch_compile: bool = False) -> list[Phase]:
     course, fp32 = ("rehearsal", "rehearsal") if quick else ("accelerator", "fp32-gpu")
     small = {"profile": course, "dtype": "bfloat16"}
     caps = {"rehearsal": "float32"} if quick else {"accelerator": "bfloat16", "fp32-gpu": "float32"}
-    phases = [
-        Phase("train-small", "train", seconds(150, 40), {**small, "save_for_hf": True}),
-        Phase("hf-train-small", "hf_train", seconds(60, 30), needs="train-small"),
-        Phase("decode", "decode", seconds(90, 30), {  # float32 on a CPU: there transformers' tokens must be t5nb's
+
+    def variant(name: str, expected: int, **config) -> Phase:  # the small step with T5Config changed
+        return Phase(name, "train", seconds(75, 30), expected, {**small, "config": config})
+
+    return [
+        Phase("train-small", "train", seconds(100, 45), 40, {**small, "save_for_hf": True}),
+        Phase("profile", "profile", seconds(120, 40), 60, {**small, "models": {
+            "small": "t5.1.1-tiny" if quick else "t5.1.1-small", "base": "t5.1.1-mini" if quick else "t5.1.1-base"}}),
+        variant("small-dot-product-attention", 35, attention="dot_product_attention"),
+        variant("small-remat-none", 35, remat_policy="none"),
+        variant("small-unrolled", 45, scan_layers=False),
+        Phase("compile-warm-cache", "compile", seconds(60, 30), 25, {"of": ["train-small", "small-unrolled"]},
+              needs="small-unrolled"),
+        Phase("small-rows-256", "train", seconds(75, 30), 40, {**small, "rows": seconds(256, 16)}),
+        variant("small-remat-auto", 45, remat_policy="auto"),
+        Phase("hf-train-small", "hf_train", seconds(60, 30), 20, needs="train-small"),
+        Phase("hf-compile-small", "hf_train", seconds(120, 60), 90, {"compiled": True}, needs="train-small"),
+        Phase("small-xla-latency-hiding", "train", seconds(75, 30), 35,
+              {**small, "xla_flags": "--xla_gpu_enable_latency_hiding_scheduler=true"}),
+        Phase("train-base", "train", seconds(60, 30), 30, {**small, "model": "t5.1.1-tiny" if quick else "t5.1.1-base"}),
+        Phase("decode", "decode", seconds(90, 30), 22, {  # float32 on a CPU: there transformers' tokens must be t5nb's
             "profile": course, "dtype": "float32" if quick else "bfloat16", "batches": [2, 8] if quick else [8, 64],
             "inputs": seconds(512, 64), "new_tokens": seconds(64, 8)}),
-        Phase("hf-decode", "hf_decode", seconds(60, 30), needs="decode"),
-        Phase("train-base", "train", seconds(90, 30), {**small, "model": "t5.1.1-tiny" if quick else "t5.1.1-base"}),
-        Phase("train-small-fp32", "train", seconds(60, 30), {"profile": fp32, "dtype": "float32"}),
-        Phase("curves", "curves", seconds(120, 40), {"profile": course, "steps": seconds(CURVE_STEPS, 20)}),
-        *(Phase(f"cap-{profile}-{program}", "cap", seconds(45, 25),
+        Phase("hf-decode", "hf_decode", seconds(60, 30), 18, needs="decode"),
+        Phase("train-small-fp32", "train", seconds(60, 30), 29, {"profile": fp32, "dtype": "float32"}),
+        Phase("curves", "curves", seconds(120, 40), 68, {"profile": course, "steps": seconds(CURVE_STEPS, 20)}),
+        *(Phase(f"cap-{profile}-{program}", "cap", seconds(45, 25), 20,
                 {"profile": profile, "dtype": dtype, "program": program})
           for profile, dtype in caps.items() for program in PROGRAMS),
-        Phase("train-small-freed-memory-kept", "train", seconds(120, 30), small, keep_freed_memory=True),
+        Phase("train-small-freed-memory-kept", "train", seconds(120, 30), 36, small, keep_freed_memory=True),
     ]
-    if with_torch_compile:
-        phases.append(Phase("hf-compile-small", "hf_train", seconds(150, 90), {"compiled": True}, needs="train-small"))
-    return phases
 
 
 def schedule(phases: list[Phase], deadline: float) -> list[tuple[Phase, int, bool]]:
@@ -101,15 +120,30 @@ def schedule(phases: list[Phase], deadline: float) -> list[tuple[Phase, int, boo
     return rows
 
 
+def expected(phases: list[Phase], deadline: float) -> list[tuple[Phase, int | None]]:
+    """(phase, when it ends were each phase before it to take its expected seconds; None where it
+    would not start: its timeout no longer fits what is left, or what it needs did not run)."""
+    rows, now, ran = [], 0, set()
+    for phase in phases:
+        if phase.timeout_s <= deadline - now and (phase.needs is None or phase.needs in ran):
+            now += phase.expected_s
+            ran.add(phase.name)
+        rows.append((phase, now if phase.name in ran else None))
+    return rows
+
+
 def print_plan(phases: list[Phase], deadline: float) -> None:
     rows = schedule(phases, deadline)
-    for i, (phase, end, sure) in enumerate(rows, 1):
+    for i, ((phase, end, sure), (_, expected_end)) in enumerate(zip(rows, expected(phases, deadline)), 1):
         print(f"{i:2d}. {phase.name:34s} {phase.framework:12s} up to {phase.timeout_s:3d} s, ends by {end:4d} s "
-              f"{'(sure)' if sure else '(if earlier phases end early)'}"
-              f"{', malloc as tune_host() sets it on a CPU' if phase.keep_freed_memory else ''}")
+              f"{'(sure)' if sure else '(if earlier phases end early)'}; "
+              + (f"expected {phase.expected_s:3d} s, by {expected_end:3d} s" if expected_end else "expected: skipped")
+              + (", malloc as tune_host() sets it on a CPU" if phase.keep_freed_memory else ""))
     sure = [phase for phase, _, ok in rows if ok]
+    ran = [(phase, end) for phase, end in expected(phases, deadline) if end]
     print(f"deadline {deadline:.0f} s: the first {len(sure)} phases fit it even at their timeouts "
-          f"({sum(p.timeout_s for p in sure)} s); a phase starts only if its timeout fits what is left")
+          f"({sum(p.timeout_s for p in sure)} s); at the seconds expected on an H200, {len(ran)} run "
+          f"(the last ends by {ran[-1][1] if ran else 0} s); a phase starts only if its timeout fits what is left")
 
 
 # -- the results file ------------------------------------------------------------------------
@@ -140,7 +174,8 @@ def run_all(args, phases: list[Phase], deadline: float) -> None:
     path.write_text(json.dumps({
         "date": datetime.datetime.now().isoformat(timespec="seconds"), "command": sys.argv, "quick": args.quick,
         "deadline_s": deadline, "gpu_memory_bytes": memory,
-        "plan": [{"phase": p.name, "timeout_s": p.timeout_s, "keep_freed_memory": p.keep_freed_memory} for p in phases],
+        "plan": [{"phase": p.name, "timeout_s": p.timeout_s, "expected_s": p.expected_s, "settings": p.settings,
+                  "keep_freed_memory": p.keep_freed_memory} for p in phases],
         "phases": {}}, indent=2) + "\n")
     print(f"results: {path}", flush=True)
     work = pathlib.Path(tempfile.mkdtemp(prefix="t5nb-gpu-"))
@@ -167,8 +202,11 @@ def run_phase_process(args, phase: Phase, path: pathlib.Path, work: pathlib.Path
     command = [sys.executable, __file__, "--phase", phase.name, "--results", str(path), "--work", str(work),
                *(["--quick"] if args.quick else []), *(["--keep-freed-memory"] if phase.keep_freed_memory else [])]
     env = dict(os.environ)
-    if args.quick:  # on a CPU the phases share their compiled programs, or the call takes 5 minutes
-        env.setdefault("JAX_COMPILATION_CACHE_DIR", str(work / "jax_cache"))
+    # one persistent cache for the call, as the course keeps its compiled programs: a phase loads
+    # what an earlier one compiled (each says which it did), and the call fits its minutes
+    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(work / "jax_cache"))
+    if "xla_flags" in phase.settings:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {phase.settings['xla_flags']}".strip()
     if phase.kind == "cap" and memory:  # JAX's allocator may take this much of the GPU, no more
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{min(1.0, CAP_BYTES / memory):.4f}"
     print(f"== {phase.name} (up to {phase.timeout_s} s)", flush=True)
@@ -197,7 +235,8 @@ class Say:
 
 
 def course_trainer(settings: dict, program: str, dtype: str | None = None):
-    """bench/programs.py's trainer of a course program: (Trainer, lengths, packed, profile)."""
+    """bench/programs.py's trainer of a course program, as `settings` change the profile (its
+    `model`, its batch's `rows`, T5Config's fields in `config`): (Trainer, lengths, packed, profile)."""
     import jax
     import jax.numpy as jnp
     from t5nb import mesh as mesh_lib
@@ -205,11 +244,65 @@ def course_trainer(settings: dict, program: str, dtype: str | None = None):
     from programs import course_trainers
 
     profile = get_profile(settings["profile"])
-    if "model" in settings:
-        profile = dataclasses.replace(profile, model=settings["model"])
+    profile = dataclasses.replace(profile, model=settings.get("model", profile.model),
+                                  batch_size=settings.get("rows", profile.batch_size),
+                                  execution={**(profile.execution or {}), **settings.get("config", {})})
     mesh = mesh_lib.make_mesh(devices=jax.devices()[:1])
     trainer, lengths, packed = course_trainers(profile, jnp.dtype(dtype or settings["dtype"]), mesh)[program]
     return trainer, lengths, packed, profile
+
+
+class Laps:
+    """Seconds from one mark to the next, the first from the process's start."""
+
+    def __init__(self):
+        self.seconds, self._last = {}, STARTED
+
+    def __call__(self, name: str) -> None:
+        now = time.time()
+        self.seconds[name], self._last = now - self._last, now
+
+
+def cache_loads():
+    """A function that says how many programs JAX has loaded from its persistent cache so far."""
+    import jax
+
+    loaded = []
+    jax.monitoring.register_event_listener(
+        lambda event, **_: loaded.append(event) if event == "/jax/compilation_cache/cache_hits" else None)
+    return lambda: len(loaded)
+
+
+def efficiency(flops: float, step_s: float, dtype: str, peak: float | None, matmul_rate: float) -> dict:
+    """A step's model FLOP/s over the chip's data-sheet peak in `dtype` (`mfu`; None on a CPU,
+    which has no entry in profiles.CHIPS) and over the matmul rate measured in this process."""
+    achieved = flops / step_s
+    return {"analytic_flops": flops, "achieved_flops": achieved, "peak_flops": peak,
+            "mfu": achieved / peak if peak else None, "matmul_rate_flops": matmul_rate,
+            "matmul_rate_fraction": achieved / matmul_rate}
+
+
+def describe_efficiency(e: dict, dtype: str, framework: str) -> str:
+    mfu = (f"MFU {e['mfu']:.1%} of the data sheet's {rate(e['peak_flops'])} ({dtype})"
+           if e["mfu"] is not None else "no MFU (no data-sheet peak for this device)")
+    return (f"{rate(e['achieved_flops'])}: {mfu}; {e['matmul_rate_fraction']:.1%} of the "
+            f"{rate(e['matmul_rate_flops'])} {dtype} matmul rate {framework} measured here")
+
+
+def rate(flops: float) -> str:
+    return f"{flops / 1e12:.1f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:.1f} GFLOP/s"
+
+
+def jax_efficiency(flops: float, step_s: float, dtype: str, quick: bool) -> dict:
+    """`efficiency` of a JAX step on this process's first device."""
+    import jax
+    import jax.numpy as jnp
+    from t5nb.profiles import chip_of
+    from t5nb.system import time_matmul
+
+    chip = chip_of(jax.devices()[0])
+    return efficiency(flops, step_s, dtype, chip.peak(dtype) if chip else None,
+                      time_matmul(1024 if quick else 8192, jnp.dtype(dtype)))
 
 
 def device_memory() -> dict:
@@ -230,58 +323,149 @@ def describe_jax() -> dict:
             "compilation_cache": jax.config.jax_compilation_cache_dir}
 
 
+def timed(step, repeats: int) -> list[float]:
+    """Seconds of each of `repeats` calls of `step` after one more, a warm-up."""
+    times = []
+    for _ in range(1 + repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return times[1:]
+
+
+def compiled_how(trainer, loads_before: int, loads) -> str:
+    """Whether the train step that just compiled came from JAX's persistent cache."""
+    import jax
+
+    if loads() > loads_before:
+        return "loaded from the persistent cache"
+    return "compiled" + (", written to the persistent cache" if jax.config.jax_compilation_cache_dir else "")
+
+
 def train_phase(phase: Phase, args, say: Say) -> None:
     from programs import make_batch  # bench/programs.py
-    from t5nb.trainer import train_step_flops
     import jax
-    import jax.numpy as jnp
     import numpy as np
     from t5nb import checkpoints
-    from t5nb.system import time_matmul
+    from t5nb.trainer import train_step_flops
 
+    laps, loads = Laps(), cache_loads()
+    laps("import")
+    jax.devices()
+    laps("device_start")
     trainer, lengths, _, profile = course_trainer(phase.settings, "pretrain_step")
     config, dtype = trainer.model_config, phase.settings["dtype"]
     rows, inputs, targets = profile.batch_size, lengths["inputs"], lengths["targets"]
+    params = trainer.init_params()
+    state = trainer.init_state(params)
+    laps("init_on_host")
     batch = make_batch(config, rows, inputs, targets)
-    params = jax.device_get(trainer.init_params())  # kept here, for transformers' copy of the weights
-    state, sharded = trainer.init_state(params), trainer.shard_batch(batch)
+    sharded = jax.block_until_ready(trainer.shard_batch(batch))
+    laps("first_batch")
 
     def step():
         nonlocal state
         state, sums = trainer.train_step(state, sharded)
         jax.block_until_ready(sums)
 
+    loads_before = loads()
     step()
-    first = time.time() - STARTED
-    say(f"{profile.model} {dtype} {rows} x {inputs}/{targets}: first step {first:.1f} s after the process started "
-        f"(compile {trainer.compile_seconds:.1f} s)",
-        model=profile.model, dtype=dtype, batch=[rows, inputs, targets], first_step_from_start_s=first,
-        compile_s=trainer.compile_seconds, **describe_jax())
-    times = []
-    for _ in range(1 + (3 if args.quick else 10)):  # the first one a warm-up, not counted
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    step_s = statistics.median(times[1:])
+    laps("first_step")
+    seconds = {**laps.seconds, "compile": trainer.compile_seconds}
+    seconds["first_step"] = seconds.pop("first_step") - trainer.compile_seconds  # after the compile
+    how = compiled_how(trainer, loads_before, loads)
+    say(f"{profile.model} {rows} x {inputs}/{targets}, {describe_execution(config)}: first step "
+        f"{sum(seconds.values()):.1f} s after the process started: "
+        + ", ".join(f"{name.replace('_', ' ')} {s:.1f}" for name, s in seconds.items()) + f" (the step {how})",
+        model=profile.model, dtype=dtype, batch=[rows, inputs, targets], execution=execution(config),
+        first_step_from_start_s=sum(seconds.values()), first_step_breakdown_s=seconds,
+        compile_s=trainer.compile_seconds, compile_cache=how, **describe_jax())
+    times = timed(step, 3 if args.quick else 10)
+    step_s = statistics.median(times)
     memory = device_memory()
     planned = trainer.train_step_memory(batch)  # XLA's memory analysis of the step compiled above
     state_bytes = sum(math.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(trainer.abstract_state()))
     limit = memory.get("device_limit_gb", 0) * 1e9
     fit = int(rows * (limit - state_bytes) / (planned - state_bytes)) // 8 * 8 if limit else None
-    say(f"step {step_s * 1e3:.1f} ms (median of {len(times) - 1}), {rows * (inputs + targets) / step_s:,.0f} tokens/s; "
+    say(f"step {step_s * 1e3:.1f} ms (median of {len(times)}), {rows * (inputs + targets) / step_s:,.0f} tokens/s; "
         + ", ".join(f"{k.removesuffix('_gb').replace('_', ' ')} {v:.2f} GB" for k, v in memory.items())
         + f"; XLA plans {planned / 1e9:.2f} GB" + (f", so about {fit} rows would fit" if fit else ""),
-        step_s=step_s, step_times_s=times[1:], planned_gb=planned / 1e9, rows_fitting_estimate=fit, **memory)
-    peak = time_matmul(1024 if args.quick else 8192, jnp.dtype(dtype))
+        step_s=step_s, step_times_s=times, planned_gb=planned / 1e9, rows_fitting_estimate=fit, **memory)
     flops = train_step_flops(config, rows, inputs, targets)
-    say(f"MFU {flops / step_s / peak:.1%} of the {peak / 1e12:.1f} TFLOP/s {dtype} matmul measured here",
-        analytic_flops=flops, matmul_peak_flops=peak, mfu=flops / step_s / peak)
+    measured = jax_efficiency(flops, step_s, dtype, args.quick)
+    say(describe_efficiency(measured, dtype, "JAX"), **measured)
     if phase.settings.get("save_for_hf"):
         out = args.work / phase.name
         out.mkdir()
-        checkpoints.save_hf(trainer.model(params), out / "hf")
+        checkpoints.save_hf(trainer.model(jax.device_get(params)), out / "hf")
         np.savez(out / "batch.npz", **batch)
         (out / "meta.json").write_text(json.dumps({"dtype": dtype, "flops": flops, "step_s": step_s}))
+
+
+def execution(config) -> dict:
+    """How a model runs: T5Config's execution fields."""
+    from t5nb.config import EXECUTION_FIELDS
+
+    return {name: str(getattr(config, name)) for name in EXECUTION_FIELDS}
+
+
+def describe_execution(config) -> str:
+    return ", ".join(f"{name} {value}" for name, value in execution(config).items())
+
+
+def profile_phase(phase: Phase, args, say: Say) -> None:
+    """Each model's step timed, then profiled (bench/step_profile.py): where its time goes."""
+    from programs import make_batch  # bench/programs.py
+    import jax
+    import step_profile  # bench/step_profile.py
+    from t5nb.trainer import train_step_flops
+
+    loads = cache_loads()
+    for key, model in phase.settings["models"].items():
+        trainer, lengths, _, profile = course_trainer({**phase.settings, "model": model}, "pretrain_step")
+        config, dtype = trainer.model_config, phase.settings["dtype"]
+        rows, inputs, targets = profile.batch_size, lengths["inputs"], lengths["targets"]
+        state = trainer.init_state()
+        sharded = trainer.shard_batch(make_batch(config, rows, inputs, targets))
+
+        def step():
+            nonlocal state
+            state, sums = trainer.train_step(state, sharded)
+            jax.block_until_ready(sums)
+
+        loads_before = loads()
+        step()
+        how = compiled_how(trainer, loads_before, loads)
+        step_s = statistics.median(timed(step, 3 if args.quick else 10))
+        measured = jax_efficiency(train_step_flops(config, rows, inputs, targets), step_s, dtype, args.quick)
+        program = trainer.compile_train_step(state, sharded).as_text()  # the program that ran (compiled once)
+        where = step_profile.profile(step, program, 2 if args.quick else 3,
+                                     keep=args.results.with_name(f"{args.results.stem}-profile-{key}"))
+        say(f"{model} {rows} x {inputs}/{targets}, {describe_execution(config)}: step {step_s * 1e3:.1f} ms "
+            f"({where['span_ms']:.1f} under the profiler), compile {trainer.compile_seconds:.1f} s ({how}); "
+            f"{describe_efficiency(measured, dtype, 'JAX')}\n{step_profile.table(where)}",
+            **{key: {"model": model, "batch": [rows, inputs, targets], "execution": execution(config),
+                     "step_s": step_s, "compile_s": trainer.compile_seconds, "compile_cache": how, **measured,
+                     "profile": where}})
+
+
+def compile_phase(phase: Phase, args, say: Say) -> None:
+    """The train steps of the phases `of` names, traced, lowered and compiled again in a fresh
+    process whose persistent cache they are in: a later run's seconds, beside their first."""
+    from programs import make_batch  # bench/programs.py
+
+    loads, phases = cache_loads(), {p.name: p for p in plan(args.quick)}
+    for name in phase.settings["of"]:
+        trainer, lengths, _, profile = course_trainer(phases[name].settings, "pretrain_step")
+        batch = make_batch(trainer.model_config, profile.batch_size, lengths["inputs"], lengths["targets"])
+        loads_before, start = loads(), time.perf_counter()
+        trainer.compile_train_step(trainer.abstract_state(), trainer.shard_batch(batch))
+        seconds, first = time.perf_counter() - start, say.results(name)
+        say(f"{name}'s step ({describe_execution(trainer.model_config)}) again: {seconds:.1f} s, "
+            f"{'loaded from' if loads() > loads_before else 'not found in'} the persistent cache; "
+            f"its first compile {first.get('compile_s', float('nan')):.1f} s ({first.get('compile_cache', 'not run')})",
+            **{name: {"warm_compile_s": seconds, "loaded": loads() > loads_before,
+                      "first_compile_s": first.get("compile_s"), "execution": execution(trainer.model_config)}})
 
 
 def decode_phase(phase: Phase, args, say: Say) -> None:
@@ -399,23 +583,33 @@ def harness():
 
 
 def hf_train_phase(phase: Phase, args, say: Say) -> None:
+    """transformers' train step on `needs`' weights and batch; its efficiency against the same
+    data-sheet peak, its memory beside t5nb's with and without rematerialisation."""
     import numpy as np
     import torch
 
     run = harness()
-    work = args.work / phase.needs
+    work, ours, warmup = args.work / phase.needs, say.results(phase.needs), 1
     meta = json.loads((work / "meta.json").read_text())
     batch = dict(np.load(work / "batch.npz"))
     compiled = phase.settings.get("compiled", False)
-    hf = run.bench_hf(str(work / "hf"), batch, meta["dtype"], 1, 3 if args.quick else 10, compiled=compiled)
-    peak = run.time_torch_matmul(1024 if args.quick else 8192, getattr(torch, meta["dtype"]))
-    mfu = meta["flops"] / hf["step_s"] / peak
-    memory = ", ".join(f"{k.removesuffix('_mb').replace('_', ' ')} {v * 2**20 / 1e9:.2f} GB"
-                       for k, v in hf.items() if k.endswith("_mb"))
+    hf = run.bench_hf(str(work / "hf"), batch, meta["dtype"], warmup, 3 if args.quick else 10, compiled=compiled)
+    # when its first step ended, from the process's start: now, less the steps after it (a warm-up as the median)
+    from_start = time.time() - STARTED - sum(hf["step_times_s"]) - warmup * hf["step_s"]
+    measured = efficiency(meta["flops"], hf["step_s"], meta["dtype"], ours.get("peak_flops"),
+                          run.time_torch_matmul(1024 if args.quick else 8192, getattr(torch, meta["dtype"])))
+    memory = {f"{name.removesuffix('_mb')}_gb": mb * 2**20 / 1e9 for name, mb in hf.items() if name.endswith("_mb")}
+    peak = "peak_device_gb" if "peak_device_gb" in memory else "peak_rss_gb"
+    t5nb = {f"t5nb, remat {policy}": say.results(name).get(peak)
+            for policy, name in ((ours["execution"]["remat_policy"], phase.needs), ("none", "small-remat-none"))}
     say(f"transformers {'torch.compile' if compiled else 'eager'} {meta['dtype']} (autocast), same weights and batch: "
-        f"step {hf['step_s'] * 1e3:.1f} ms, first step {hf['first_step_s']:.1f} s, {memory}; MFU {mfu:.1%} of the "
-        f"{peak / 1e12:.1f} TFLOP/s torch matmul measured here; t5nb {hf['step_s'] / meta['step_s']:.2f}x as fast",
-        **hf, matmul_peak_flops=peak, mfu=mfu, t5nb_speedup=hf["step_s"] / meta["step_s"],
+        f"step {hf['step_s'] * 1e3:.1f} ms, first step {from_start:.1f} s after the process started "
+        f"({hf['first_step_s']:.1f} s its call); {describe_efficiency(measured, meta['dtype'], 'torch')}; "
+        f"t5nb {hf['step_s'] / meta['step_s']:.2f}x as fast; {peak.removesuffix('_gb').replace('_', ' ')}: "
+        f"transformers (no remat) {memory[peak]:.2f} GB, "
+        + ", ".join(f"{name} {gb:.2f} GB" for name, gb in t5nb.items() if gb is not None),
+        **{name: value for name, value in hf.items() if not name.endswith("_mb")}, **memory, **measured,
+        first_step_from_start_s=from_start, t5nb_peak_gb=t5nb, t5nb_speedup=hf["step_s"] / meta["step_s"],
         torch=torch.__version__, transformers=run.transformers.__version__, torch_device=run.torch_device().type)
 
 
@@ -447,7 +641,7 @@ def hf_decode_phase(phase: Phase, args, say: Say) -> None:
                            "t5nb_speedup": seconds / t5nb["s"]}})
 
 
-PHASES = {"train": train_phase, "decode": decode_phase, "curves": curves_phase, "cap": cap_phase,
+PHASES = {"train": train_phase, "profile": profile_phase, "compile": compile_phase, "decode": decode_phase, "curves": curves_phase, "cap": cap_phase,
           "hf_train": hf_train_phase, "hf_decode": hf_decode_phase}
 
 
@@ -455,7 +649,7 @@ def run_phase(args) -> None:
     import t5nb  # first: malloc's settings must precede any other thread's first allocation
 
     tuned = t5nb.host.keep_freed_memory() if args.keep_freed_memory else t5nb.tune_host()
-    phase = {p.name: p for p in plan(args.quick, with_torch_compile=True)}[args.phase]
+    phase = {p.name: p for p in plan(args.quick)}[args.phase]
     say = Say(args.results, phase)
     record(args.results, phase.name, malloc_tuned=tuned)
     try:
@@ -488,7 +682,6 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="t5.1.1-tiny at toy shapes: the whole call on a CPU")
     parser.add_argument("--deadline", type=float, help=f"seconds for the whole call (default {DEADLINE_S[False]}, "
                                                        f"{DEADLINE_S[True]} with --quick)")
-    parser.add_argument("--with-torch-compile", action="store_true", help="transformers through torch.compile, last")
     parser.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     parser.add_argument("--make-curve-batches", action="store_true", help="write `curves`' batches (TensorFlow)")
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS, help="the results file's folder")
@@ -502,7 +695,7 @@ def main(argv=None):
         return run_phase(args)
     if args.make_curve_batches:
         return make_curve_batches()
-    phases = plan(args.quick, args.with_torch_compile)
+    phases = plan(args.quick)
     deadline = args.deadline or DEADLINE_S[args.quick]
     if args.dry_run:
         return print_plan(phases, deadline)

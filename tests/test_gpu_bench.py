@@ -1,7 +1,9 @@
-"""bench/gpu.py's plan, dry: its phases in order (t5nb first, each transformers phase after the
-t5nb one it compares with, `torch.compile` last), the headline's first phases sure to fit the
-deadline, and a call past its deadline skipping each phase, saying so. Nothing is compiled and
-neither torch nor transformers is needed: the plan runs nothing."""
+"""bench/gpu.py's plan, dry: its phases in order (the headline and its profile first, each
+transformers phase after the t5nb one it compares with), the headline sure to fit the deadline,
+and a call past its deadline skipping each phase, saying so; nothing is compiled and neither
+torch nor transformers is needed. Then bench/step_profile.py: a GPU's events classed by their
+HLO instructions (a program's text written here), and a small step profiled on this CPU."""
+import dataclasses
 import json
 import pathlib
 import subprocess
@@ -10,7 +12,7 @@ import sys
 import pytest
 
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
-HEADLINE = ["train-small", "hf-train-small", "decode", "hf-decode"]  # sure to run, in this order
+HEADLINE = ["train-small", "profile"]  # sure to run, in this order
 
 
 @pytest.fixture
@@ -22,19 +24,36 @@ def gpu(monkeypatch):
 
 
 @pytest.mark.parametrize("quick", [False, True])
-def test_the_plan_runs_t5nb_first_and_torch_compile_last(gpu, quick):
+def test_the_plan_runs_the_headline_first_and_each_peer_after_its_t5nb_phase(gpu, quick):
     from programs import PROGRAMS
 
-    phases = gpu.plan(quick, with_torch_compile=True)
+    phases = gpu.plan(quick)
     names = [phase.name for phase in phases]
-    assert names[:len(HEADLINE)] == HEADLINE and phases[0].framework == "t5nb"
+    assert names[:len(HEADLINE)] == HEADLINE and len(set(names)) == len(names)
     for i, phase in enumerate(phases):
-        if phase.framework == "transformers":  # what it is compared with ran before it
-            assert phase.needs in names[:i] and phases[names.index(phase.needs)].framework == "t5nb", phase.name
-    assert names[-1] == "hf-compile-small" and "hf-compile-small" not in [p.name for p in gpu.plan(quick)]
+        if phase.needs:  # what it reads ran before it
+            assert phase.needs in names[:i], phase.name
+        if phase.framework == "transformers":
+            assert phases[names.index(phase.needs)].framework == "t5nb", phase.name
+    assert {"hf-train-small", "hf-compile-small"} <= set(names)
     caps = [phase.settings["program"] for phase in phases if phase.kind == "cap"]
     assert caps == list(PROGRAMS) * (1 if quick else 2)
     assert [phase.name for phase in phases if phase.keep_freed_memory] == ["train-small-freed-memory-kept"]
+    assert all(phase.kind in gpu.PHASES for phase in phases)
+
+
+def test_the_variants_change_only_t5nb_config_fields(gpu):
+    from t5nb.config import T5Config
+
+    fields = {field.name for field in dataclasses.fields(T5Config)}
+    for phase in gpu.plan():
+        assert set(phase.settings.get("config", {})) <= fields, phase.name
+
+
+def test_a_variant_builds_its_trainer_with_the_fields_it_changes(gpu):
+    trainer, *_ = gpu.course_trainer({"profile": "rehearsal", "dtype": "float32", "rows": 4,
+                                      "config": {"remat_policy": "none", "scan_layers": False}}, "pretrain_step")
+    assert (trainer.model_config.remat_policy, trainer.model_config.scan_layers) == ("none", False)
 
 
 @pytest.mark.parametrize("quick, minutes", [(False, 8), (True, 3)])
@@ -55,6 +74,8 @@ def test_the_dry_run_prints_the_plan_and_starts_nothing():
     lines = out.splitlines()
     assert lines[0].split()[1] == "train-small" and "(sure)" in lines[0]
     assert lines[-1].startswith("deadline 470 s: the first 5 phases fit it")
+    expected_end = int(lines[-1].split("the last ends by ")[1].split()[0])
+    assert expected_end <= 470 and "hf-compile-small" in [line.split()[1] for line in lines if "expected: skipped" not in line]
 
 
 def test_a_call_past_its_deadline_skips_every_phase_saying_so(tmp_path):
@@ -65,3 +86,80 @@ def test_a_call_past_its_deadline_skips_every_phase_saying_so(tmp_path):
     results = json.loads(path.read_text())
     assert results["deadline_s"] == 5 and len(results["plan"]) == len(results["phases"])
     assert all(phase["status"].startswith("skipped") for phase in results["phases"].values())
+
+
+@pytest.fixture
+def step_profile(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import step_profile
+
+    return step_profile
+
+
+def gpu_program(loss_line: int) -> str:
+    """A GPU program's text as XLA writes it: a cuBLAS matmul, cuDNN's fused attention, a fusion of
+    the loss (its metadata by source line, as some JAX versions write it) and a copy."""
+    trainer = pathlib.Path(__file__).resolve().parents[1] / "t5nb" / "trainer.py"
+    return f"""HloModule jit_step, entry_computation_layout={{(f32[8,64]{{1,0}})->f32[128,8]{{0,1}}}}
+
+%fused_exp (param_0: f32[8,128]) -> f32[8,128] {{
+  %param_0 = f32[8,128]{{1,0}} parameter(0)
+  ROOT %exponential.1 = f32[8,128]{{1,0}} exponential(f32[8,128]{{1,0}} %param_0), metadata={{op_name="jit(step)/exp" source_file="{trainer}" source_line={loss_line}}}
+}}
+
+ENTRY %main.9 (x.1: f32[8,64], w.1: f32[64,128]) -> f32[128,8] {{
+  %x.1 = f32[8,64]{{1,0}} parameter(0)
+  %w.1 = f32[64,128]{{1,0}} parameter(1)
+  %cublas-gemm.1 = (f32[8,128]{{1,0}}, s8[0]{{0}}) custom-call(f32[8,64]{{1,0}} %x.1, f32[64,128]{{1,0}} %w.1), custom_call_target="__cublas$gemm", metadata={{op_name="jit(step)/dot_general"}}
+  %get-tuple-element.1 = f32[8,128]{{1,0}} get-tuple-element((f32[8,128]{{1,0}}, s8[0]{{0}}) %cublas-gemm.1), index=0
+  %custom-call.2 = (f32[8,128]{{1,0}}, u8[0]{{0}}) custom-call(f32[8,128]{{1,0}} %get-tuple-element.1), custom_call_target="__cudnn$fmhaScaleBiasSoftmax"
+  %loop_exponential_fusion = f32[8,128]{{1,0}} fusion(f32[8,128]{{1,0}} %get-tuple-element.1), kind=kLoop, calls=%fused_exp
+  ROOT %copy.1 = f32[128,8]{{0,1}} copy(f32[8,128]{{1,0}} %loop_exponential_fusion)
+}}
+"""
+
+
+def test_a_gpu_profile_is_classed_by_each_kernels_instruction(step_profile):
+    import inspect
+    from t5nb import trainer
+
+    source, first = inspect.getsourcelines(trainer.cross_entropy_with_z_loss)
+    kinds = step_profile.op_kinds(gpu_program(first + len(source) - 1))
+    Event = step_profile.Event
+    events = [Event("cublas-gemm.1", "sm90_xmma_gemm_bf16bf16_bf16f32", 0, 100),
+              Event("loop_exponential_fusion", "loop_exponential_fusion", 150, 50),
+              Event("copy.1", "copy_1", 200, 10), Event(None, "Memcpy DtoD (Device -> Device)", 210, 5),
+              Event("custom-call.2", "cudnn_generated_fort_native_sdpa", 300, 100)]
+    result = step_profile.time_by_kind(events, kinds, steps=1)
+    assert result["ms"] == pytest.approx({step_profile.MATMULS: 100e-6, step_profile.LOSS: 50e-6,
+                                          step_profile.COPIES: 15e-6, step_profile.FUSED_ATTENTION: 100e-6,
+                                          step_profile.IDLE: 135e-6})
+    assert result["span_ms"] == pytest.approx(400e-6) and sum(result["share"].values()) == pytest.approx(1)
+    assert kinds["loop_exponential_fusion"] == (step_profile.LOSS, "cross_entropy_with_z_loss")
+
+
+def test_a_cpu_profile_finds_the_steps_matmuls_loss_optimizer_and_recompute(step_profile):
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from t5nb.trainer import cross_entropy_with_z_loss
+
+    optimizer = optax.adafactor(1e-3)
+
+    def loss(w, x, targets):
+        hidden = jax.checkpoint(lambda h: jnp.tanh(h @ w), policy=jax.checkpoint_policies.nothing_saveable)(x)
+        return cross_entropy_with_z_loss(hidden @ w.T, targets)[0].sum()
+
+    def step(w, state, x, targets):
+        updates, state = optimizer.update(jax.grad(loss)(w, x, targets), state, w)
+        return optax.apply_updates(w, updates), state
+
+    w, x = jnp.ones((256, 512)) / 512, jnp.ones((64, 256))
+    targets = jnp.arange(64) % 512
+    arguments = (w, optimizer.init(w), x, targets)
+    compiled = jax.jit(step).lower(*arguments).compile()
+    result = step_profile.profile(lambda: jax.block_until_ready(compiled(*arguments)), compiled.as_text(), steps=2)
+    for kind in (step_profile.MATMULS, step_profile.LOSS, step_profile.OPTIMIZER, step_profile.REMAT):
+        assert result["ms"].get(kind, 0) > 0, (kind, result["ms"])
+    assert result["events"] > 0 and step_profile.OTHER not in result["ms"]
+    assert "| kind | ms a step | share |" in step_profile.table(result)
