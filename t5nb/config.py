@@ -11,7 +11,10 @@ REMAT_POLICIES = {"none": None, "minimal": "dots_with_no_batch_dims_saveable", "
 # the kernels LoRA can adapt: attention's projections and the MLP's (wi, or wi_0/wi_1 when gated)
 LORA_TARGETS = ("query", "key", "value", "out", "wi", "wi_0", "wi_1", "wo")
 # fields that say how the model runs, not what it is: a run may resume with them changed
-EXECUTION_FIELDS = ("dtype", "scan_layers", "remat_policy")
+EXECUTION_FIELDS = ("dtype", "scan_layers", "remat_policy", "attention")
+# how attention computes softmax(q k^T + bias) v: T5X's einsums, or jax.nn.dot_product_attention
+# (cuDNN's fused kernel on a GPU where it applies; XLA's elsewhere): t5nb.model.fused_attention
+ATTENTION = ("einsum", "dot_product_attention")
 # fields that count something: positive whole numbers
 _SIZES = ("vocab_size", "emb_dim", "num_heads", "num_encoder_layers", "num_decoder_layers", "head_dim", "mlp_dim",
           "relative_attention_num_buckets", "relative_attention_max_distance")
@@ -43,6 +46,7 @@ class T5Config:
     # How the model runs, not what it computes (a run may resume with them changed):
     scan_layers: bool = False  # each layer stack as one lax.scan: compile time that does not grow with depth
     remat_policy: str = "none"  # activations recomputed in the backward pass: see REMAT_POLICIES
+    attention: str = "einsum"  # see ATTENTION
 
     def __post_init__(self):
         for field in _SIZES:
@@ -65,6 +69,8 @@ class T5Config:
         if self.lora_rank and absent:
             raise ValueError(f"T5Config.lora_targets: this model has no kernel {', '.join(absent)} (its MLP's are "
                              f"{', '.join(self.mlp_inputs + ('wo',))})")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"T5Config.attention must be one of {', '.join(ATTENTION)}, got {self.attention!r}")
         if self.remat_policy not in REMAT_POLICIES:
             raise ValueError(f"T5Config.remat_policy must be one of {', '.join(REMAT_POLICIES)}, "
                              f"got {self.remat_policy!r}")

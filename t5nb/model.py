@@ -185,12 +185,32 @@ class MultiHeadAttention(nnx.Module):
     def __call__(self, x_q, keys, values, bias, rngs=None):
         """x_q [b, q, e], keys/values [b, h, k, d], bias [b or 1, h or 1, q, k] -> [b, q, e]."""
         query = self._heads(self.query(x_q))
-        logits_dtype = jnp.float32 if self.config.float32_attention_logits else self.config.dtype
-        logits = jnp.einsum("bhqd,bhkd->bhqk", query, keys, preferred_element_type=logits_dtype)
-        weights = jax.nn.softmax(logits + bias.astype(logits_dtype)).astype(self.config.dtype)
-        weights = self.dropout(weights, deterministic=rngs is None, rngs=rngs)
-        y = jnp.einsum("bhqk,bhkd->bqhd", weights, values)
+        if self.config.attention == "dot_product_attention" and (rngs is None or not self.config.dropout_rate):
+            y = fused_attention(query, keys, values, bias)
+        else:
+            logits_dtype = jnp.float32 if self.config.float32_attention_logits else self.config.dtype
+            logits = jnp.einsum("bhqd,bhkd->bhqk", query, keys, preferred_element_type=logits_dtype)
+            weights = jax.nn.softmax(logits + bias.astype(logits_dtype)).astype(self.config.dtype)
+            weights = self.dropout(weights, deterministic=rngs is None, rngs=rngs)
+            y = jnp.einsum("bhqk,bhkd->bqhd", weights, values)
         return self.out(y.reshape(*y.shape[:2], -1))
+
+
+def fused_attention(query, keys, values, bias):
+    """softmax(q k^T + bias) v through `jax.nn.dot_product_attention` (no 1/sqrt(d) scale, as
+    T5): cuDNN's fused kernel on a GPU where its conditions hold (bfloat16 or float16, a head
+    dim that is a multiple of 8, even lengths when training), else XLA's, which computes the
+    logits and softmax in float32 as the einsum path does. It has no dropout: with dropout on,
+    attention takes the einsum path. [b, h, q, d], [b, h, k, d] x 2, [b or 1, h or 1, q, k] -> [b, q, h, d]."""
+    heads_second = [x.swapaxes(1, 2) for x in (query, keys, values)]  # its layout: [b, length, h, d]
+    bias = jnp.broadcast_to(bias, (*bias.shape[:2], query.shape[2], keys.shape[2]))
+    if jax.default_backend() == "gpu" and query.dtype in (jnp.bfloat16, jnp.float16):
+        try:  # its bias in the inputs' dtype
+            return jax.nn.dot_product_attention(*heads_second, bias=bias.astype(query.dtype), scale=1.0,
+                                                implementation="cudnn")
+        except NotImplementedError:  # a shape cuDNN's kernel does not take
+            pass
+    return jax.nn.dot_product_attention(*heads_second, bias=bias, scale=1.0, implementation="xla")
 
 
 class MlpBlock(nnx.Module):

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from t5nb import decode
 from t5nb.checkpoints import abstract_params, flatten, model_from_params, params_of, unflatten
 from t5nb.config import get_config
 from t5nb.model import Dropout, Transformer, shift_right
@@ -129,3 +130,45 @@ def test_scanned_and_rematerialised_stacks_compute_what_the_unrolled_one_does(sc
 def test_an_unknown_remat_policy_is_refused_naming_the_choices():
     with pytest.raises(ValueError, match=r"remat_policy must be one of none, minimal, full, got 'some'"):
         get_config("t5.1.1-tiny", remat_policy="some")
+
+
+def test_attention_through_dot_product_attention_computes_what_the_einsums_do():
+    """jax.nn.dot_product_attention with T5's bias (XLA's form, as on a CPU or TPU), padded rows
+    and causal masks included. In float32: the einsums' loss, logits and gradients to rounding
+    (1e-5, relative and absolute), and cached decoding's tokens. In bfloat16: logits within 0.05
+    of the einsums' (8 bits of mantissa), and each parameter's gradient no farther from the
+    float32 one than 1.5 times the einsums' bfloat16 gradient is, plus 1% of its norm."""
+    rng = np.random.default_rng(0)
+    inputs, targets = tokens(rng, [9, 4], 9), tokens(rng, [7, 4], 7)
+    base = random_model("t5.1.1-tiny")
+    models = {(dtype.__name__, attention): model_from_params(base.config.replace(dtype=dtype, attention=attention),
+                                                             params_of(base))
+              for dtype in (jnp.float32, jnp.bfloat16) for attention in ("einsum", "dot_product_attention")}
+
+    def loss(model):
+        logits = model(inputs, shift_right(targets), targets).astype(jnp.float32)
+        log_p = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+        return -jnp.sum(log_p * (targets > 0)), logits
+
+    losses, grads, logits = {}, {}, {}
+    for key, model in models.items():
+        (losses[key], logits[key]), grad = nnx.jit(nnx.value_and_grad(loss, has_aux=True))(model)
+        grads[key] = {path: np.asarray(g, np.float64) for path, g in flatten(params_of(grad)).items()}
+    fused, einsum = ("float32", "dot_product_attention"), ("float32", "einsum")
+    np.testing.assert_allclose(float(losses[fused]), float(losses[einsum]), rtol=1e-6)
+    np.testing.assert_allclose(logits[fused], logits[einsum], atol=1e-5, rtol=1e-5)
+    for path, reference in grads[einsum].items():
+        np.testing.assert_allclose(grads[fused][path], reference, atol=1e-5, rtol=1e-5, err_msg=path)
+    np.testing.assert_array_equal(decode.greedy_decode(models[fused], inputs, 6).sequences,
+                                  decode.greedy_decode(models[einsum], inputs, 6).sequences)
+    np.testing.assert_allclose(logits["bfloat16", "dot_product_attention"], logits["bfloat16", "einsum"], atol=0.05)
+    for path, reference in grads[einsum].items():
+        scale = np.linalg.norm(reference)
+        error = {attention: np.linalg.norm(grads["bfloat16", attention][path] - reference)
+                 for attention in ("einsum", "dot_product_attention")}
+        assert error["dot_product_attention"] <= 1.5 * error["einsum"] + 0.01 * scale, (path, error, scale)
+
+
+def test_an_unknown_attention_is_refused_naming_the_choices():
+    with pytest.raises(ValueError, match=r"attention must be one of einsum, dot_product_attention, got 'flash'"):
+        get_config("t5.1.1-tiny", attention="flash")
