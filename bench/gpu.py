@@ -80,21 +80,27 @@ def plan(quick: bool = False) -> list[Phase]:
     def variant(name: str, expected: int, **config) -> Phase:  # the small step with T5Config changed
         return Phase(name, "train", seconds(75, 30), expected, {**small, "config": config})
 
+    def gpu_only(*phases: Phase) -> list[Phase]:
+        """Not rehearsed by --quick, to fit its 3 minutes: more variants of the small step (the
+        same code as those it runs, a field of T5Config or the batch changed), and torch.compile,
+        whose compiler takes minutes on a CPU."""
+        return [] if quick else list(phases)
+
     return [
         Phase("train-small", "train", seconds(100, 45), 40, {**small, "save_for_hf": True}),
-        Phase("profile", "profile", seconds(120, 40), 60, {**small, "models": {
+        Phase("profile", "profile", seconds(120, 60), 60, {**small, "models": {
             "small": "t5.1.1-tiny" if quick else "t5.1.1-small", "base": "t5.1.1-mini" if quick else "t5.1.1-base"}}),
-        variant("small-dot-product-attention", 35, attention="dot_product_attention"),
+        *gpu_only(variant("small-dot-product-attention", 35, attention="dot_product_attention")),
         variant("small-remat-none", 35, remat_policy="none"),
         variant("small-unrolled", 45, scan_layers=False),
         Phase("compile-warm-cache", "compile", seconds(60, 30), 25, {"of": ["train-small", "small-unrolled"]},
               needs="small-unrolled"),
-        Phase("small-rows-256", "train", seconds(75, 30), 40, {**small, "rows": seconds(256, 16)}),
-        variant("small-remat-auto", 45, remat_policy="auto"),
+        *gpu_only(Phase("small-rows-256", "train", 75, 40, {**small, "rows": 256}),
+                  variant("small-remat-auto", 45, remat_policy="auto")),
         Phase("hf-train-small", "hf_train", seconds(60, 30), 20, needs="train-small"),
-        Phase("hf-compile-small", "hf_train", seconds(120, 60), 90, {"compiled": True}, needs="train-small"),
-        Phase("small-xla-latency-hiding", "train", seconds(75, 30), 35,
-              {**small, "xla_flags": "--xla_gpu_enable_latency_hiding_scheduler=true"}),
+        *gpu_only(Phase("hf-compile-small", "hf_train", 120, 90, {"compiled": True}, needs="train-small"),
+                  Phase("small-xla-latency-hiding", "train", 75, 35,
+                        {**small, "xla_flags": "--xla_gpu_enable_latency_hiding_scheduler=true"})),
         Phase("train-base", "train", seconds(60, 30), 30, {**small, "model": "t5.1.1-tiny" if quick else "t5.1.1-base"}),
         Phase("decode", "decode", seconds(90, 30), 22, {  # float32 on a CPU: there transformers' tokens must be t5nb's
             "profile": course, "dtype": "float32" if quick else "bfloat16", "batches": [2, 8] if quick else [8, 64],
@@ -132,18 +138,20 @@ def expected(phases: list[Phase], deadline: float) -> list[tuple[Phase, int | No
     return rows
 
 
-def print_plan(phases: list[Phase], deadline: float) -> None:
-    rows = schedule(phases, deadline)
-    for i, ((phase, end, sure), (_, expected_end)) in enumerate(zip(rows, expected(phases, deadline)), 1):
+def print_plan(phases: list[Phase], deadline: float, quick: bool) -> None:
+    """Each phase's timeout and when it ends at the latest; on a GPU, also the seconds expected."""
+    rows, ends = schedule(phases, deadline), dict((p.name, end) for p, end in expected(phases, deadline))
+    for i, (phase, end, sure) in enumerate(rows, 1):
         print(f"{i:2d}. {phase.name:34s} {phase.framework:12s} up to {phase.timeout_s:3d} s, ends by {end:4d} s "
-              f"{'(sure)' if sure else '(if earlier phases end early)'}; "
-              + (f"expected {phase.expected_s:3d} s, by {expected_end:3d} s" if expected_end else "expected: skipped")
+              f"{'(sure)' if sure else '(if earlier phases end early)'}"
+              + ("" if quick else f"; expected {phase.expected_s:3d} s, by {ends[phase.name]:3d} s"
+                 if ends[phase.name] else "; expected: skipped")
               + (", malloc as tune_host() sets it on a CPU" if phase.keep_freed_memory else ""))
-    sure = [phase for phase, _, ok in rows if ok]
-    ran = [(phase, end) for phase, end in expected(phases, deadline) if end]
+    sure, ran = [phase for phase, _, ok in rows if ok], [end for end in ends.values() if end]
     print(f"deadline {deadline:.0f} s: the first {len(sure)} phases fit it even at their timeouts "
-          f"({sum(p.timeout_s for p in sure)} s); at the seconds expected on an H200, {len(ran)} run "
-          f"(the last ends by {ran[-1][1] if ran else 0} s); a phase starts only if its timeout fits what is left")
+          f"({sum(p.timeout_s for p in sure)} s)"
+          + ("" if quick else f"; at the seconds expected on an H200, {len(ran)} run, the last ending by {max(ran)} s")
+          + "; a phase starts only if its timeout fits what is left")
 
 
 # -- the results file ------------------------------------------------------------------------
@@ -333,7 +341,20 @@ def timed(step, repeats: int) -> list[float]:
     return times[1:]
 
 
-def compiled_how(trainer, loads_before: int, loads) -> str:
+def stepper(trainer, state, batch):
+    """A function that runs one train step on `batch` from the last one's state, and waits for it."""
+    import jax
+
+    carried = [state]
+
+    def step():
+        carried[0], sums = trainer.train_step(carried[0], batch)
+        jax.block_until_ready(sums)
+
+    return step
+
+
+def compiled_how(loads_before: int, loads) -> str:
     """Whether the train step that just compiled came from JAX's persistent cache."""
     import jax
 
@@ -362,18 +383,12 @@ def train_phase(phase: Phase, args, say: Say) -> None:
     batch = make_batch(config, rows, inputs, targets)
     sharded = jax.block_until_ready(trainer.shard_batch(batch))
     laps("first_batch")
-
-    def step():
-        nonlocal state
-        state, sums = trainer.train_step(state, sharded)
-        jax.block_until_ready(sums)
-
-    loads_before = loads()
+    step, loads_before = stepper(trainer, state, sharded), loads()
     step()
     laps("first_step")
     seconds = {**laps.seconds, "compile": trainer.compile_seconds}
     seconds["first_step"] = seconds.pop("first_step") - trainer.compile_seconds  # after the compile
-    how = compiled_how(trainer, loads_before, loads)
+    how = compiled_how(loads_before, loads)
     say(f"{profile.model} {rows} x {inputs}/{targets}, {describe_execution(config)}: first step "
         f"{sum(seconds.values()):.1f} s after the process started: "
         + ", ".join(f"{name.replace('_', ' ')} {s:.1f}" for name, s in seconds.items()) + f" (the step {how})",
@@ -416,7 +431,6 @@ def describe_execution(config) -> str:
 def profile_phase(phase: Phase, args, say: Say) -> None:
     """Each model's step timed, then profiled (bench/step_profile.py): where its time goes."""
     from programs import make_batch  # bench/programs.py
-    import jax
     import step_profile  # bench/step_profile.py
     from t5nb.trainer import train_step_flops
 
@@ -425,28 +439,27 @@ def profile_phase(phase: Phase, args, say: Say) -> None:
         trainer, lengths, _, profile = course_trainer({**phase.settings, "model": model}, "pretrain_step")
         config, dtype = trainer.model_config, phase.settings["dtype"]
         rows, inputs, targets = profile.batch_size, lengths["inputs"], lengths["targets"]
-        state = trainer.init_state()
         sharded = trainer.shard_batch(make_batch(config, rows, inputs, targets))
-
-        def step():
-            nonlocal state
-            state, sums = trainer.train_step(state, sharded)
-            jax.block_until_ready(sums)
-
+        step = stepper(trainer, trainer.init_state(), sharded)
         loads_before = loads()
         step()
-        how = compiled_how(trainer, loads_before, loads)
+        how = compiled_how(loads_before, loads)
         step_s = statistics.median(timed(step, 3 if args.quick else 10))
         measured = jax_efficiency(train_step_flops(config, rows, inputs, targets), step_s, dtype, args.quick)
-        program = trainer.compile_train_step(state, sharded).as_text()  # the program that ran (compiled once)
-        where = step_profile.profile(step, program, 2 if args.quick else 3,
-                                     keep=args.results.with_name(f"{args.results.stem}-profile-{key}"))
-        say(f"{model} {rows} x {inputs}/{targets}, {describe_execution(config)}: step {step_s * 1e3:.1f} ms "
-            f"({where['span_ms']:.1f} under the profiler), compile {trainer.compile_seconds:.1f} s ({how}); "
-            f"{describe_efficiency(measured, dtype, 'JAX')}\n{step_profile.table(where)}",
-            **{key: {"model": model, "batch": [rows, inputs, targets], "execution": execution(config),
-                     "step_s": step_s, "compile_s": trainer.compile_seconds, "compile_cache": how, **measured,
-                     "profile": where}})
+        fields = {"model": model, "batch": [rows, inputs, targets], "execution": execution(config), "step_s": step_s,
+                  "compile_s": trainer.compile_seconds, "compile_cache": how, **measured}
+        say(f"{model} {rows} x {inputs}/{targets}, {describe_execution(config)}: step {step_s * 1e3:.1f} ms, compile "
+            f"{trainer.compile_seconds:.1f} s ({how}); {describe_efficiency(measured, dtype, 'JAX')}", **{key: fields})
+        program = trainer.compile_train_step(trainer.abstract_state(), sharded).as_text()  # the one that ran
+        try:
+            fields["profile"] = step_profile.profile(step, program, 2 if args.quick else 3,
+                                                     keep=args.results.with_name(f"{args.results.stem}-profile-{key}"))
+        except Exception as error:  # the timing above stands, and the next model is measured
+            say(f"{model}: the profiler failed: {type(error).__name__}: {error}"[:500],
+                **{key: {**fields, "profile_error": f"{type(error).__name__}: {error}"[:2000]}})
+            continue
+        say(f"{model}: {fields['profile']['span_ms']:.1f} ms a step under the profiler; where its time goes:\n"
+            + step_profile.table(fields["profile"]), **{key: fields})
 
 
 def compile_phase(phase: Phase, args, say: Say) -> None:
@@ -649,6 +662,7 @@ def run_phase(args) -> None:
     import t5nb  # first: malloc's settings must precede any other thread's first allocation
 
     tuned = t5nb.host.keep_freed_memory() if args.keep_freed_memory else t5nb.tune_host()
+    t5nb.system.keep_compiled_programs()  # as the course keeps them: in the call's folder (JAX_COMPILATION_CACHE_DIR)
     phase = {p.name: p for p in plan(args.quick)}[args.phase]
     say = Say(args.results, phase)
     record(args.results, phase.name, malloc_tuned=tuned)
@@ -698,7 +712,7 @@ def main(argv=None):
     phases = plan(args.quick)
     deadline = args.deadline or DEADLINE_S[args.quick]
     if args.dry_run:
-        return print_plan(phases, deadline)
+        return print_plan(phases, deadline, args.quick)
     run_all(args, phases, deadline)
 
 
