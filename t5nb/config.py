@@ -7,7 +7,10 @@ import jax.numpy as jnp
 # What each layer keeps for the backward pass (T5X's and MaxText's names): "none" keeps every
 # activation, "minimal" only the outputs of matmuls without batch dimensions (the projections),
 # "full" nothing, recomputing the layer's forward pass. Memory against compute: docs/benchmarks.md.
-REMAT_POLICIES = {"none": None, "minimal": "dots_with_no_batch_dims_saveable", "full": "nothing_saveable"}
+# "auto": a Trainer takes the first of none, minimal, full whose step fits the chip's memory
+# (`trainer.REMAT_CHOICES`); a model run outside a Trainer keeps every activation, as "none".
+REMAT_POLICIES = {"none": None, "minimal": "dots_with_no_batch_dims_saveable", "full": "nothing_saveable",
+                  "auto": None}
 # the kernels LoRA can adapt: attention's projections and the MLP's (wi, or wi_0/wi_1 when gated)
 LORA_TARGETS = ("query", "key", "value", "out", "wi", "wi_0", "wi_1", "wo")
 # fields that say how the model runs, not what it is: a run may resume with them changed

@@ -380,7 +380,8 @@ def run_stack(layers, x, config: T5Config, rngs, call, name: str):
     layer's dropout draws from its own key, split from one, so every way gives the same numbers."""
     graphdef, stacked = nnx.split(layers) if config.scan_layers else (nnx.split(layers[0])[0], None)
     keys = None if rngs is None else jax.random.split(rngs.dropout(), _depth(stacked) if stacked else len(layers))
-    if not config.scan_layers and config.remat_policy == "none":
+    policy = REMAT_POLICIES[config.remat_policy]
+    if not config.scan_layers and policy is None:
         for i, layer in enumerate(layers):
             x = call(layer, x, None if keys is None else nnx.Rngs(dropout=keys[i]))
         return x
@@ -391,8 +392,8 @@ def run_stack(layers, x, config: T5Config, rngs, call, name: str):
     runner = _STACK_RUNNER.get() if config.scan_layers else None
     if runner is not None:
         return runner(name, apply, x, stacked, keys)
-    if config.remat_policy != "none":
-        apply = jax.checkpoint(apply, policy=getattr(jax.checkpoint_policies, REMAT_POLICIES[config.remat_policy]))
+    if policy is not None:
+        apply = jax.checkpoint(apply, policy=getattr(jax.checkpoint_policies, policy))
     if not config.scan_layers:
         for i, layer in enumerate(layers):
             x = apply(nnx.state(layer), x, None if keys is None else keys[i])

@@ -16,6 +16,12 @@ from t5nb import adapters, layerwise
 from t5nb import mesh as mesh_lib
 from t5nb.config import T5Config
 from t5nb.model import EOS_ID, Transformer, built_on_host, stack_layers, unstack_layers
+from t5nb.profiles import chip_of
+
+# remat_policy="auto": the policies tried, least recomputation first, and the share of the chip's
+# memory a step may plan (XLA's plan leaves out the allocator's fragmentation and its own workspace)
+REMAT_CHOICES = ("none", "minimal", "full")
+FITS = 0.9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,15 +199,21 @@ class Trainer:
         self._per_layer_shardings = adapters.split(
             model_config, nnx.to_pure_dict(mesh_lib.param_shardings(per_layer, self.mesh, rules)))[0]
         self._frozen = None if adapters.has_adapters(model_config) else {}
-        # scanned layers computed again in the backward pass anyway, and an optimizer that updates
-        # each parameter alone, in one step: each layer is updated inside that pass (`layerwise`)
-        self._updates_in_backward = (model_config.scan_layers and model_config.remat_policy == "full"
-                                     and self._optimizer_parts[0] is None and train_config.grad_accum_steps == 1
-                                     and not adapters.has_adapters(model_config))
+        self._run_as(model_config, self.graphdef)
         self.batch_sharding = mesh_lib.batch_sharding(self.mesh)
         self._replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         self.compile_seconds = None
         self._train_step = self._eval_step = self._step_shape = None
+
+    def _run_as(self, model_config: T5Config, graphdef=None) -> None:
+        """Run the model as `model_config` says (its remat policy: `remat_policy="auto"` resolved)."""
+        self.model_config = model_config
+        self.graphdef = graphdef or _abstract_params(model_config)[0]
+        # scanned layers computed again in the backward pass anyway, and an optimizer that updates
+        # each parameter alone, in one step: each layer is updated inside that pass (`layerwise`)
+        self._updates_in_backward = (model_config.scan_layers and model_config.remat_policy == "full"
+                                     and self._optimizer_parts[0] is None and self.train_config.grad_accum_steps == 1
+                                     and not adapters.has_adapters(model_config))
 
     # -- state ---------------------------------------------------------------------------
     def _compiled(self, name, build, *inputs):
@@ -381,7 +393,21 @@ class Trainer:
 
     def compile_train_step(self, state: TrainState, batch: dict):
         """The train step compiled for `state` and `batch`: arrays, or `ShapeDtypeStruct`s with
-        shardings (`abstract_state()`), which compile it without allocating anything."""
+        shardings (`abstract_state()`), which compile it without allocating anything. With
+        `remat_policy="auto"`, the first of `REMAT_CHOICES` whose step XLA plans within `FITS` of
+        the chip's memory (`memory_limit`; the last choice where none does), which this trainer
+        then runs as."""
+        if self.model_config.remat_policy != "auto":
+            return self._compile_train_step(state, batch)
+        limit = memory_limit(self.mesh.devices.flat[0])
+        for policy in REMAT_CHOICES:
+            self._run_as(self.model_config.replace(remat_policy=policy))
+            compiled = self._compile_train_step(state, batch)
+            if limit is None or planned_bytes(compiled) <= FITS * limit:
+                break
+        return compiled
+
+    def _compile_train_step(self, state: TrainState, batch: dict):
         state_shardings = _shardings(state)
         frozen = jax.tree.map(lambda x, sharding: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding),
                               self._abstract_frozen, self.frozen_shardings)  # abstract, as `state` may be
@@ -417,10 +443,7 @@ class Trainer:
         """Bytes of the compiled train step at its peak, as XLA plans them: arguments (state,
         frozen parameters, batch), outputs and temporaries, less what outputs reuse of arguments.
         Compiles the step for `batch` (numpy, this process's rows) unless it has run."""
-        compiled = self._train_step or self.compile_train_step(self.abstract_state(), self.shard_batch(batch))
-        memory = compiled.memory_analysis()
-        return (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
-                - memory.alias_size_in_bytes)
+        return planned_bytes(self._train_step or self.compile_train_step(self.abstract_state(), self.shard_batch(batch)))
 
     def step_flops(self) -> float | None:
         """The model FLOPs of the train step that has run (`train_step_flops` at its batch's
@@ -428,6 +451,28 @@ class Trainer:
         if self._step_shape is None:
             return None
         return train_step_flops(self.model_config, *self._step_shape)
+
+
+def planned_bytes(compiled) -> int:
+    """What XLA plans a compiled program to hold at its peak: arguments, outputs and temporaries,
+    less what outputs reuse of arguments (donated)."""
+    memory = compiled.memory_analysis()
+    return (memory.argument_size_in_bytes + memory.output_size_in_bytes + memory.temp_size_in_bytes
+            - memory.alias_size_in_bytes)
+
+
+def memory_limit(device) -> int | None:
+    """Bytes a program may hold on `device`: its allocator's limit; for a chip compiled for ahead
+    of time (no allocator), its data sheet's memory (`profiles.CHIPS`); None on a CPU."""
+    if device.platform != "cpu":
+        try:
+            stats = device.memory_stats() or {}
+        except jax.errors.JaxRuntimeError:  # a device of a topology compiled for, not this process's
+            stats = {}
+        if "bytes_limit" in stats:
+            return stats["bytes_limit"]
+    chip = chip_of(device)
+    return int(chip.memory) if chip else None
 
 
 def finalize(sums: dict) -> dict:

@@ -17,6 +17,7 @@ from t5nb.checkpoints import RunCheckpoints, flatten, runs
 from t5nb.config import get_config
 from t5nb.model import shift_right
 from t5nb import train as train_lib
+from t5nb import trainer as trainer_lib
 from t5nb.profiles import CHIPS
 from t5nb.train import train
 from t5nb.trainer import TrainConfig, Trainer, cross_entropy_with_z_loss, is_argmax, teacher_forced, train_step_flops
@@ -360,3 +361,36 @@ def test_a_steps_model_flops_are_xlas_count_of_its_matmuls_and_count_every_scann
     scanned = Trainer(config.replace(scan_layers=True), TrainConfig(learning_rate=1e-3))
     scanned.train_step(scanned.init_state(), scanned.shard_batch(copy_batch(length=32, vocab=1024)))
     assert scanned.step_flops() == train_step_flops(config, rows, inputs, targets)
+
+
+def test_loading_a_finished_run_shows_no_progress_bar_and_a_run_with_steps_to_go_does(tmp_path, capfd):
+    """A notebook that only loads a finished run (03, 04 and 05 load 02's) prints no "train: 100%" bar."""
+    trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0), TrainConfig(learning_rate=1e-2))
+    train(trainer, Batches(copy_batch()), 2, tmp_path / "run", log_every=2, checkpoint_every=2)
+    assert "train: 100%" in capfd.readouterr().err
+    train(trainer, Batches(copy_batch()), 2, tmp_path / "run", log_every=2, checkpoint_every=2)
+    assert "train:" not in capfd.readouterr().err
+
+
+def test_auto_remat_runs_the_least_recomputation_whose_step_fits_the_chips_memory(monkeypatch):
+    """remat_policy="auto": on a CPU (no memory limit) every activation is kept; on a chip whose
+    memory holds the `minimal` step within trainer.FITS but not the `none` one, it runs
+    `minimal`, with the numbers `minimal` gives; where nothing fits, `full`."""
+    config = get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0, scan_layers=True)
+    batch = copy_batch(rows=8, length=32)
+    planned = {policy: Trainer(config.replace(remat_policy=policy), TrainConfig(learning_rate=1e-2))
+               .train_step_memory(batch) for policy in trainer_lib.REMAT_CHOICES}
+    assert planned["none"] > planned["minimal"] >= planned["full"], planned
+    for limit, chosen in ((None, "none"), (planned["minimal"] / trainer_lib.FITS, "minimal"), (1, "full")):
+        monkeypatch.setattr(trainer_lib, "memory_limit", lambda device: limit)
+        trainer = Trainer(config.replace(remat_policy="auto"), TrainConfig(learning_rate=1e-2))
+        state, sums = trainer.train_step(trainer.init_state(), trainer.shard_batch(batch))
+        assert trainer.model_config.remat_policy == chosen, (limit, planned)
+    reference = Trainer(config.replace(remat_policy="minimal"), TrainConfig(learning_rate=1e-2))
+    expected, expected_sums = reference.train_step(reference.init_state(), reference.shard_batch(batch))
+    monkeypatch.setattr(trainer_lib, "memory_limit", lambda device: planned["minimal"] / trainer_lib.FITS)
+    trainer = Trainer(config.replace(remat_policy="auto"), TrainConfig(learning_rate=1e-2))
+    state, sums = trainer.train_step(trainer.init_state(), trainer.shard_batch(batch))
+    np.testing.assert_allclose(float(sums["loss"]), float(expected_sums["loss"]), rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(expected.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
