@@ -395,14 +395,19 @@ class Trainer:
         """The train step compiled for `state` and `batch`: arrays, or `ShapeDtypeStruct`s with
         shardings (`abstract_state()`), which compile it without allocating anything. With
         `remat_policy="auto"`, the first of `REMAT_CHOICES` whose step XLA plans within `FITS` of
-        the chip's memory (`memory_limit`; the last choice where none does), which this trainer
-        then runs as."""
+        the chip's memory (`memory_limit`) and compiles at all (a TPU's compiler refuses a step
+        that does not fit); the last where none does. This trainer then runs as that choice."""
         if self.model_config.remat_policy != "auto":
             return self._compile_train_step(state, batch)
         limit = memory_limit(self.mesh.devices.flat[0])
         for policy in REMAT_CHOICES:
             self._run_as(self.model_config.replace(remat_policy=policy))
-            compiled = self._compile_train_step(state, batch)
+            try:
+                compiled = self._compile_train_step(state, batch)
+            except jax.errors.JaxRuntimeError as error:  # a TPU's compiler refuses a step larger than the chip
+                if "RESOURCE_EXHAUSTED" not in str(error) or policy == REMAT_CHOICES[-1]:
+                    raise
+                continue
             if limit is None or planned_bytes(compiled) <= FITS * limit:
                 break
         return compiled
