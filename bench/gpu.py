@@ -13,8 +13,8 @@ the accelerator course's 64 x 512/114 (its first step from the process's start, 
 step time, peak memory, MFU against the chip's data-sheet peak beside the fraction of the matmul
 rate measured in the same process); `profile`: where small's and base's step time goes, by kind
 (bench/step_profile.py); the small step's variants, each a T5Config change (fused attention,
-no rematerialisation, unrolled layers, `remat_policy="auto"`) or another batch, and its
-compile again with the cache warm; transformers' step on the same weights and batch, eager and
+no rematerialisation or the minimal policy where the course asks for "auto", unrolled layers)
+or another batch, and its compile again with the cache warm; transformers' step on the same weights and batch, eager and
 through `torch.compile`; an XLA flag; T5.1.1-base's step; greedy decoding at batch 8 and 64,
 then `generate` (tokens compared); small at the `fp32-gpu` profile's 32 x 256/58 in float32;
 bfloat16 against float32 losses (`curves`); each course program in a process whose JAX may use
@@ -23,6 +23,7 @@ bfloat16 against float32 losses (`curves`); each course program in a process who
 bench/results/gpu-<stamp>-<backend>[-quick].json (each profile's trace and program beside it).
 """
 import argparse
+import collections
 import dataclasses
 import datetime
 import json
@@ -89,19 +90,20 @@ def plan(quick: bool = False) -> list[Phase]:
     return [
         Phase("train-small", "train", seconds(100, 45), 40, {**small, "save_for_hf": True}),
         Phase("profile", "profile", seconds(120, 60), 60, {**small, "models": {
-            "small": "t5.1.1-tiny" if quick else "t5.1.1-small", "base": "t5.1.1-mini" if quick else "t5.1.1-base"}}),
+            "small": "t5.1.1-tiny" if quick else "t5.1.1-small", "base": "t5.1.1-tiny" if quick else "t5.1.1-base"}}),
         *gpu_only(variant("small-dot-product-attention", 35, attention="dot_product_attention")),
         variant("small-remat-none", 35, remat_policy="none"),
         variant("small-unrolled", 45, scan_layers=False),
         Phase("compile-warm-cache", "compile", seconds(60, 30), 25, {"of": ["train-small", "small-unrolled"]},
               needs="small-unrolled"),
         *gpu_only(Phase("small-rows-256", "train", 75, 40, {**small, "rows": 256}),
-                  variant("small-remat-auto", 45, remat_policy="auto")),
+                  variant("small-remat-minimal", 35, remat_policy="minimal")),
         Phase("hf-train-small", "hf_train", seconds(60, 30), 20, needs="train-small"),
         *gpu_only(Phase("hf-compile-small", "hf_train", 120, 90, {"compiled": True}, needs="train-small"),
                   Phase("small-xla-latency-hiding", "train", 75, 35,
                         {**small, "xla_flags": "--xla_gpu_enable_latency_hiding_scheduler=true"})),
-        Phase("train-base", "train", seconds(60, 30), 30, {**small, "model": "t5.1.1-tiny" if quick else "t5.1.1-base"}),
+        Phase("train-base", "train", seconds(60, 30), 30,
+              {**small, "model": "t5.1.1-tiny" if quick else "t5.1.1-base"}),
         Phase("decode", "decode", seconds(90, 30), 22, {  # float32 on a CPU: there transformers' tokens must be t5nb's
             "profile": course, "dtype": "float32" if quick else "bfloat16", "batches": [2, 8] if quick else [8, 64],
             "inputs": seconds(512, 64), "new_tokens": seconds(64, 8)}),
@@ -271,14 +273,15 @@ class Laps:
         self.seconds[name], self._last = now - self._last, now
 
 
-def cache_loads():
-    """A function that says how many programs JAX has loaded from its persistent cache so far."""
+def cache_events() -> collections.Counter:
+    """JAX's persistent-cache events from now on, counted by name as they happen: compile
+    requests, hits (loads), misses (compiled and written)."""
     import jax
 
-    loaded = []
+    counts = collections.Counter()
     jax.monitoring.register_event_listener(
-        lambda event, **_: loaded.append(event) if event == "/jax/compilation_cache/cache_hits" else None)
-    return lambda: len(loaded)
+        lambda event, **_: counts.update([event.rsplit("/", 1)[-1]]) if "/compilation_cache/" in event else None)
+    return counts
 
 
 def efficiency(flops: float, step_s: float, dtype: str, peak: float | None, matmul_rate: float) -> dict:
@@ -354,13 +357,13 @@ def stepper(trainer, state, batch):
     return step
 
 
-def compiled_how(loads_before: int, loads) -> str:
-    """Whether the train step that just compiled came from JAX's persistent cache."""
-    import jax
-
-    if loads() > loads_before:
+def compiled_how(before: collections.Counter, events: collections.Counter) -> str:
+    """How the train step that ran since `before` (a copy of `events`) came to be."""
+    if events["compile_requests_use_cache"] == before["compile_requests_use_cache"]:
+        return "compiled already in this process"
+    if events["cache_hits"] > before["cache_hits"]:
         return "loaded from the persistent cache"
-    return "compiled" + (", written to the persistent cache" if jax.config.jax_compilation_cache_dir else "")
+    return "compiled" + (", written to the persistent cache" if events["cache_misses"] > before["cache_misses"] else "")
 
 
 def train_phase(phase: Phase, args, say: Say) -> None:
@@ -370,7 +373,7 @@ def train_phase(phase: Phase, args, say: Say) -> None:
     from t5nb import checkpoints
     from t5nb.trainer import train_step_flops
 
-    laps, loads = Laps(), cache_loads()
+    laps, events = Laps(), cache_events()
     laps("import")
     jax.devices()
     laps("device_start")
@@ -383,16 +386,16 @@ def train_phase(phase: Phase, args, say: Say) -> None:
     batch = make_batch(config, rows, inputs, targets)
     sharded = jax.block_until_ready(trainer.shard_batch(batch))
     laps("first_batch")
-    step, loads_before = stepper(trainer, state, sharded), loads()
+    step, before = stepper(trainer, state, sharded), events.copy()
     step()
     laps("first_step")
     seconds = {**laps.seconds, "compile": trainer.compile_seconds}
     seconds["first_step"] = seconds.pop("first_step") - trainer.compile_seconds  # after the compile
-    how = compiled_how(loads_before, loads)
-    say(f"{profile.model} {rows} x {inputs}/{targets}, {describe_execution(config)}: first step "
+    how = compiled_how(before, events)
+    say(f"{profile.model} {rows} x {inputs}/{targets}, {describe_execution(trainer, config)}: first step "
         f"{sum(seconds.values()):.1f} s after the process started: "
         + ", ".join(f"{name.replace('_', ' ')} {s:.1f}" for name, s in seconds.items()) + f" (the step {how})",
-        model=profile.model, dtype=dtype, batch=[rows, inputs, targets], execution=execution(config),
+        model=profile.model, dtype=dtype, batch=[rows, inputs, targets], execution=execution(trainer, config),
         first_step_from_start_s=sum(seconds.values()), first_step_breakdown_s=seconds,
         compile_s=trainer.compile_seconds, compile_cache=how, **describe_jax())
     times = timed(step, 3 if args.quick else 10)
@@ -417,15 +420,17 @@ def train_phase(phase: Phase, args, say: Say) -> None:
         (out / "meta.json").write_text(json.dumps({"dtype": dtype, "flops": flops, "step_s": step_s}))
 
 
-def execution(config) -> dict:
-    """How a model runs: T5Config's execution fields."""
+def execution(trainer, asked) -> dict:
+    """How `trainer`'s model ran: T5Config's execution fields, those its config `asked` as "auto"
+    (before the step compiled) shown as "<the choice> (auto)"."""
     from t5nb.config import EXECUTION_FIELDS
 
-    return {name: str(getattr(config, name)) for name in EXECUTION_FIELDS}
+    return {name: str(getattr(trainer.model_config, name)) + (" (auto)" if str(getattr(asked, name)) == "auto" else "")
+            for name in EXECUTION_FIELDS}
 
 
-def describe_execution(config) -> str:
-    return ", ".join(f"{name} {value}" for name, value in execution(config).items())
+def describe_execution(trainer, asked) -> str:
+    return ", ".join(f"{name} {value}" for name, value in execution(trainer, asked).items())
 
 
 def profile_phase(phase: Phase, args, say: Say) -> None:
@@ -434,22 +439,23 @@ def profile_phase(phase: Phase, args, say: Say) -> None:
     import step_profile  # bench/step_profile.py
     from t5nb.trainer import train_step_flops
 
-    loads = cache_loads()
+    events = cache_events()
     for key, model in phase.settings["models"].items():
         trainer, lengths, _, profile = course_trainer({**phase.settings, "model": model}, "pretrain_step")
         config, dtype = trainer.model_config, phase.settings["dtype"]
         rows, inputs, targets = profile.batch_size, lengths["inputs"], lengths["targets"]
         sharded = trainer.shard_batch(make_batch(config, rows, inputs, targets))
         step = stepper(trainer, trainer.init_state(), sharded)
-        loads_before = loads()
+        before = events.copy()
         step()
-        how = compiled_how(loads_before, loads)
+        how = compiled_how(before, events)
         step_s = statistics.median(timed(step, 3 if args.quick else 10))
         measured = jax_efficiency(train_step_flops(config, rows, inputs, targets), step_s, dtype, args.quick)
-        fields = {"model": model, "batch": [rows, inputs, targets], "execution": execution(config), "step_s": step_s,
-                  "compile_s": trainer.compile_seconds, "compile_cache": how, **measured}
-        say(f"{model} {rows} x {inputs}/{targets}, {describe_execution(config)}: step {step_s * 1e3:.1f} ms, compile "
-            f"{trainer.compile_seconds:.1f} s ({how}); {describe_efficiency(measured, dtype, 'JAX')}", **{key: fields})
+        fields = {"model": model, "batch": [rows, inputs, targets], "execution": execution(trainer, config),
+                  "step_s": step_s, "compile_s": trainer.compile_seconds, "compile_cache": how, **measured}
+        say(f"{model} {rows} x {inputs}/{targets}, {describe_execution(trainer, config)}: step {step_s * 1e3:.1f} ms, "
+            f"compile {trainer.compile_seconds:.1f} s ({how}); {describe_efficiency(measured, dtype, 'JAX')}",
+            **{key: fields})
         program = trainer.compile_train_step(trainer.abstract_state(), sharded).as_text()  # the one that ran
         try:
             fields["profile"] = step_profile.profile(step, program, 2 if args.quick else 3,
@@ -467,18 +473,17 @@ def compile_phase(phase: Phase, args, say: Say) -> None:
     process whose persistent cache they are in: a later run's seconds, beside their first."""
     from programs import make_batch  # bench/programs.py
 
-    loads, phases = cache_loads(), {p.name: p for p in plan(args.quick)}
+    events, phases = cache_events(), {p.name: p for p in plan(args.quick)}
     for name in phase.settings["of"]:
         trainer, lengths, _, profile = course_trainer(phases[name].settings, "pretrain_step")
         batch = make_batch(trainer.model_config, profile.batch_size, lengths["inputs"], lengths["targets"])
-        loads_before, start = loads(), time.perf_counter()
+        asked, before, start = trainer.model_config, events.copy(), time.perf_counter()
         trainer.compile_train_step(trainer.abstract_state(), trainer.shard_batch(batch))
-        seconds, first = time.perf_counter() - start, say.results(name)
-        say(f"{name}'s step ({describe_execution(trainer.model_config)}) again: {seconds:.1f} s, "
-            f"{'loaded from' if loads() > loads_before else 'not found in'} the persistent cache; "
-            f"its first compile {first.get('compile_s', float('nan')):.1f} s ({first.get('compile_cache', 'not run')})",
-            **{name: {"warm_compile_s": seconds, "loaded": loads() > loads_before,
-                      "first_compile_s": first.get("compile_s"), "execution": execution(trainer.model_config)}})
+        seconds, first, how = time.perf_counter() - start, say.results(name), compiled_how(before, events)
+        say(f"{name}'s step ({describe_execution(trainer, asked)}) again: {seconds:.1f} s, {how}; "
+            f"its first {first.get('compile_s', float('nan')):.1f} s ({first.get('compile_cache', 'not run')})",
+            **{name: {"warm_compile_s": seconds, "compile_cache": how, "first_compile_s": first.get("compile_s"),
+                      "execution": execution(trainer, asked)}})
 
 
 def decode_phase(phase: Phase, args, say: Say) -> None:
@@ -654,8 +659,8 @@ def hf_decode_phase(phase: Phase, args, say: Say) -> None:
                            "t5nb_speedup": seconds / t5nb["s"]}})
 
 
-PHASES = {"train": train_phase, "profile": profile_phase, "compile": compile_phase, "decode": decode_phase, "curves": curves_phase, "cap": cap_phase,
-          "hf_train": hf_train_phase, "hf_decode": hf_decode_phase}
+PHASES = {"train": train_phase, "profile": profile_phase, "compile": compile_phase, "decode": decode_phase,
+          "curves": curves_phase, "cap": cap_phase, "hf_train": hf_train_phase, "hf_decode": hf_decode_phase}
 
 
 def run_phase(args) -> None:

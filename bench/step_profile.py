@@ -224,23 +224,22 @@ def from_trace(serialized: bytes, program: str, steps: int) -> dict:
     """`time_by_kind` of a serialized trace (an XSpace) of `steps` runs of `program` (its text)."""
     from jax.profiler import ProfileData
 
-    module = re.match(r"HloModule ([\w.\-]+)", program)[1]
-    return time_by_kind(device_events(ProfileData.from_serialized_xspace(serialized), module), op_kinds(program), steps)
+    return time_by_kind(device_events(ProfileData.from_serialized_xspace(serialized)), op_kinds(program), steps)
 
 
-def device_events(profile, module: str) -> list:
-    """The events of `module`'s instructions in a `jax.profiler.ProfileData`: a GPU's kernels and
-    copies (its stream lines; those without an instruction kept, as `op=None`), XLA:CPU's thunks."""
+def device_events(profile) -> list:
+    """The device's events in a `jax.profiler.ProfileData`: a GPU's kernels and copies (its
+    streams' lines; those without an instruction kept, as `op=None`), else, on a CPU, the host's
+    events that name an instruction (XLA:CPU's thunks). Only the profiled program runs meanwhile."""
+    devices = [plane for plane in profile.planes if plane.name.startswith("/device:")]
     events = []
-    for plane in profile.planes:
-        device = plane.name.startswith("/device:")
+    for plane in devices or profile.planes:
         for line in plane.lines:
-            if device and not line.name.startswith("Stream"):
-                continue  # lines derived from the streams' events
+            if devices and not line.name.startswith("Stream"):
+                continue  # CUPTI's overhead, or lines derived from the streams' events
             for event in line.events:
-                stats = dict(event.stats)
-                op = stats.get("hlo_op")
-                if (op and stats.get("hlo_module") == module) or (device and not op):
+                op = dict(event.stats).get("hlo_op")
+                if devices or op:
                     events.append(Event(op, event.name, event.start_ns, event.duration_ns))
     return events
 
@@ -275,3 +274,20 @@ def table(result: dict) -> str:
     rows = [f"| {kind} | {ms:.2f} | {result['share'][kind]:.1%} |"
             for kind, ms in sorted(result["ms"].items(), key=lambda item: -item[1])]
     return "\n".join(["| kind | ms a step | share |", "|---|---:|---:|", *rows])
+
+
+def main(argv=None) -> None:
+    """Classify a kept profile again: `python bench/step_profile.py PREFIX STEPS`, PREFIX naming
+    `PREFIX.xplane.pb.gz` and `PREFIX.hlo.txt.gz` (bench/gpu.py's `profile` phase writes them)."""
+    import sys
+
+    prefix, steps = (argv or sys.argv[1:])[:2]
+    result = from_trace(gzip.decompress(pathlib.Path(f"{prefix}.xplane.pb.gz").read_bytes()),
+                        gzip.decompress(pathlib.Path(f"{prefix}.hlo.txt.gz").read_bytes()).decode(), int(steps))
+    print(table(result))
+    for row in result["longest"]:
+        print(f"{row['ms']:8.2f} ms  {row['kind']:40s} {row['op']} ({row['function']})")
+
+
+if __name__ == "__main__":
+    main()
