@@ -394,3 +394,20 @@ def test_auto_remat_runs_the_least_recomputation_whose_step_fits_the_chips_memor
     np.testing.assert_allclose(float(sums["loss"]), float(expected_sums["loss"]), rtol=1e-6)
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(expected.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
+
+
+def test_auto_remat_takes_a_step_the_compiler_refuses_for_its_size_as_one_that_does_not_fit(monkeypatch):
+    """A TPU's compiler raises RESOURCE_EXHAUSTED for a step larger than the chip: the next policy."""
+    compile_step = Trainer._compile_train_step
+
+    def refusing(trainer, state, batch):
+        if trainer.model_config.remat_policy == "none":
+            raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM")
+        return compile_step(trainer, state, batch)
+
+    monkeypatch.setattr(Trainer, "_compile_train_step", refusing)
+    monkeypatch.setattr(trainer_lib, "memory_limit", lambda device: 10**12)
+    config = get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0, remat_policy="auto")
+    trainer = Trainer(config, TrainConfig(learning_rate=1e-2))
+    trainer.train_step(trainer.init_state(), trainer.shard_batch(copy_batch()))
+    assert trainer.model_config.remat_policy == "minimal"
