@@ -1,10 +1,10 @@
 """Error analysis of decoded predictions (`evaluate.read_predictions`): which answers are wrong,
 where the errors cluster, and whether the model's own score tells right answers from wrong."""
 import collections
+import math
 
 import pandas as pd
 from t5.evaluation import qa_utils
-from tqdm.auto import tqdm
 
 from t5nb.tasks import world
 
@@ -36,8 +36,12 @@ def answer_relations(predictions: pd.DataFrame) -> pd.Series:
 
 
 def accuracy_by(scored: pd.DataFrame, by) -> pd.DataFrame:
-    """Questions and exact match (%) per group of `by` (a column name or a Series)."""
-    return scored.groupby(by, observed=True)["correct"].agg(questions="size", em=lambda c: round(100 * c.mean(), 1))
+    """Questions, exact match (%) and its standard error (points: a group of n questions at EM p
+    differs from another as much by chance as sqrt(p (1 - p) / n)) per group of `by` (a column
+    name or a Series)."""
+    return scored.groupby(by, observed=True)["correct"].agg(
+        questions="size", em=lambda c: round(100 * c.mean(), 1),
+        standard_error=lambda c: round(100 * math.sqrt(c.mean() * (1 - c.mean()) / len(c)), 1))
 
 
 def reliability(scored: pd.DataFrame, bins: int = 8) -> pd.DataFrame:
@@ -53,12 +57,15 @@ def mention_counts(batches, vocabulary, names, num_batches: int) -> pd.Series:
     """How many rows of the first `num_batches` of `batches` (a fresh iterator over a run's
     training data, so the very batches it trained on) mention each of `names`, in their
     decoded inputs and targets. No names: nothing is read."""
-    counts = collections.Counter({name: 0 for name in names})
-    for _ in tqdm(range(num_batches if counts else 0), desc="reading the training batches", unit="batch"):
+    counts, rows = collections.Counter({name: 0 for name in names}), 0
+    for _ in range(num_batches if counts else 0):  # a line when done, not a bar left in a saved notebook
         batch = next(batches)
         for inputs, targets in zip(batch["encoder_input_tokens"], batch["decoder_target_tokens"]):
             text = vocabulary.decode(inputs.tolist()) + " " + vocabulary.decode(targets.tolist())
             counts.update([name for name in counts if name in text])
+            rows += 1
+    if counts:
+        print(f"read {num_batches:,} training batches ({rows:,} rows) for {len(counts):,} names")
     return pd.Series(counts, name="mentions", dtype=int)
 
 

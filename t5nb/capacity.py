@@ -95,7 +95,8 @@ def fact_losses(model, task: str, batch_size: int = 512) -> dict:
 # -- the three measurements ----------------------------------------------------------------------
 def _closed_book_em(profile, init, name: str) -> float:
     """Held-out-people exact match of `init` fine-tuned on the facts world's training questions."""
-    _, _, metrics = finetune_and_evaluate(profile, QA, init, name=name, record=False)
+    _, result, metrics = finetune_and_evaluate(profile, QA, init, name=name, record=False, progress=False)
+    print(f"{name}: fine-tuned on {QA} for {result.history[-1]['step']:,} steps; held-out-people EM {metrics['em']:.1f}%")
     return metrics["em"]
 
 
@@ -108,7 +109,8 @@ def _pretraining(profile, task: str, width: int):
     base = pretraining_recipe(profile)
     if (recipe.model_config(), recipe.data, recipe.run.steps) == (base.model_config(), base.data, base.run.steps):
         return pretrained_checkpoint(profile), "pretrained", recipe.model_config()  # 04's fine-tuning of it too
-    run_recipe(recipe)
+    _, result = run_recipe(recipe, progress=False)  # a line when done, not a bar in the saved notebook
+    print(f"{name}: pretrained for {result.history[-1]['step']:,} steps, final loss {result.history[-1]['loss']:.3f}")
     return pretraining_dir(profile, name), name, recipe.model_config()
 
 
@@ -151,9 +153,11 @@ def memorisation_recipe(profile, num_people: int, width: int) -> Recipe:
 def knowledge_bits(profile, num_people: int, width: int, on_log=None) -> dict:
     """Train `memorisation_recipe` (resumed if it exists), then count the bits its model holds."""
     recipe = memorisation_recipe(profile, num_people, width)
-    trainer, result = run_recipe(recipe, on_log=on_log)
+    trainer, result = run_recipe(recipe, on_log=on_log, progress=False)  # a line when done, not a bar
     losses = fact_losses(trainer.model(result.state.params), recipe.data.task)
     stored, counts = sum(stored_bits(losses).values()), parameter_counts(trainer.model_config)
+    print(f"{num_people:,} people, width {width}: {recipe.run.steps:,} steps; holds {stored:,.0f} of the world's "
+          f"{world_bits(num_people):,.0f} bits")
     facts = num_people * len(world.RELATIONS)
     return {"people": num_people, "width": width, **counts, "world_bits": world_bits(num_people),
             "stored_bits": stored, "bits_per_parameter": stored / counts["parameters"],

@@ -2,13 +2,18 @@
 value computed here from the notebook's own objects (`context`), so the check cell does not
 give the solution away. Each notebook's solutions sit in collapsed cells that fill `answer` only
 where the reader left it as `...`; CI runs them, so every check is exercised."""
+import dataclasses
 import math
+import numbers
+from typing import Callable
 
 import jax
 import numpy as np
 
-from t5nb import capacity, checkpoints, config, model, tasks
+from t5nb import capacity, checkpoints, config, decode, model, tasks
+from t5nb.tasks import world
 from t5.data import preprocessors  # noqa: I001  (after t5nb.tasks, which imports TensorFlow with accelerators hidden)
+from t5.evaluation import metrics
 
 
 def _parameters(preset: str, **changes) -> int:
@@ -33,79 +38,107 @@ def _lora_parameters(c: config.T5Config, rank: int, targets: tuple) -> int:
     return sum(int(np.prod(p.shape)) for name, p in checkpoints.abstract_params(lora).items() if "/lora_" in name)
 
 
-def _weakest_relation_right(scored) -> int | None:
-    """Right answers to the questions of the relation with the lowest EM (None: no relations)."""
-    if scored["relation"].isna().all():
-        return None
-    weakest = scored.groupby("relation")["correct"].mean().idxmin()
-    return int(scored.loc[scored["relation"] == weakest, "correct"].sum())
+def _ssm_token_share_at_equal_rates(per_example: dict) -> float:
+    """Salient span masking's share of the tokens if the mixture drew its tasks equally often
+    (`per_example`: task name -> tokens per example, inputs and targets)."""
+    return per_example["facts_salient_span_masking"] / sum(per_example.values())
 
 
-def _rows_like(reference, *others) -> list[int]:
-    """For each of `others`, how many rows (answers) equal `reference`'s."""
-    return [int(np.all(np.asarray(reference) == np.asarray(other), axis=1).sum()) for other in others]
+def _chance_accuracy() -> float:
+    """Accuracy (%) of a uniform guess among the asked relation's values, the five relations
+    asked equally often (as the facts world's slots and questions are: one per person each)."""
+    return 100 * float(np.mean([1 / len(values) for values, _, _ in world.RELATIONS.values()]))
 
 
-# A numeric answer is worked out from values the notebook prints, rounded. It is right when it is
-# within RELATIVE of the exact value (rounding inputs to 3 or 4 figures moves a product or quotient
-# by less), or within `abs_tol`, the sum of half a unit of each printed input's last digit, where
-# the answer is a difference of such inputs (tests/test_notebooks.py holds every one to this).
-RELATIVE = 0.005
+def _squad_f1(target: str, prediction: str) -> float:
+    return float(metrics.squad([[target]], [prediction])["f1"])
 
 
-def within(abs_tol: float = 0.0) -> dict:
-    return {"rel_tol": RELATIVE, "abs_tol": abs_tol}
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """How precisely a numeric exercise asks for its answer: `figures` significant figures, or
+    `places` decimal places. An answer is right within one unit of the last figure asked for:
+    a correctly rounded answer is within half a unit, and working from values as the notebook
+    prints them (rounded) moves it by less than another half (tests/test_exercises.py holds
+    every exercise to this, with the printed values)."""
+    figures: int | None = None
+    places: int | None = None
+
+    @property
+    def text(self) -> str:
+        """As each exercise states it: "to 3 significant figures"."""
+        if self.figures is not None:
+            return f"to {self.figures} significant figure{'s' * (self.figures > 1)}"
+        return f"to {self.places} decimal place{'s' * (self.places != 1)}" if self.places else "to a whole number"
+
+    def tolerance(self, expected: float) -> float:
+        if self.figures is None:
+            return 10.0 ** -self.places
+        return 10.0 ** (math.floor(math.log10(abs(expected))) - self.figures + 1) if expected else 0.0
 
 
-# name -> (question, expected(**context), tolerance: None for equality, else `within(...)`)
+def figures(n: int) -> Precision:
+    return Precision(figures=n)
+
+
+def places(n: int) -> Precision:
+    return Precision(places=n)
+
+
+@dataclasses.dataclass(frozen=True)
+class Exercise:
+    question: str  # a noun phrase with its article, as the check's messages use it
+    expected: Callable  # expected(**context): the right answer, from the notebook's own objects
+    precision: Precision | None = None  # None: the answer must equal it exactly
+
+
 EXERCISES = {
-    "00.1": ("parameters of T5.1.1-base with the facts vocabulary",
-             lambda: _parameters("t5.1.1-base", vocab_size=tasks.get_vocabulary("facts").vocab_size), within()),
-    "00.2": ("GB (1e9 bytes) of T5.1.1-small's float32 parameters",
-             lambda: _parameters("t5.1.1-small") * 4 / 1e9, within()),
-    "00.3": ("how many parameters fewer T5.1.1-small has with the facts vocabulary than with T5's",
-             lambda: _parameters("t5.1.1-small") - _parameters("t5.1.1-small",
-                                                              vocab_size=tasks.get_vocabulary("facts").vocab_size),
-             None),
-    "01.1": ("pieces of 'Ada Klimberg plays the mandolin.' in the facts vocabulary, without EOS",
-             lambda: len(tasks.get_vocabulary("facts").encode("Ada Klimberg plays the mandolin.")), None),
-    "01.2": ("fraction of facts_pretraining's examples that come from salient span masking",
-             lambda: (lambda m: m.get_rate(tasks.get_task("facts_salient_span_masking")) / m.total_rate)(
-                 tasks.get_task("facts_pretraining")), within()),
-    "01.3": ("span corruption's target for 'Ada plays the mandolin .' with 'plays' and 'mandolin' cut out",
-             lambda: _span_corruption_target("Ada plays the mandolin .", {1, 3}), None),
-    "02.1": ("cross-entropy at one position, logits [1, 2, 3], target 0, no z-loss",
-             lambda: -float(jax.nn.log_softmax(np.array([1.0, 2.0, 3.0]))[0]), within()),
-    "02.2": ("steps at which the pretraining run keeps checkpoints, ascending",
-             lambda model_dir: sorted(int(p.name) for p in (model_dir / "checkpoints").iterdir() if p.name.isdigit()),
-             None),
-    "02.3": ("the encoder's relative position bucket for a key 20 positions before its query",
-             lambda config: int(model.relative_position_bucket(
-                 np.array(-20), True, config.relative_attention_num_buckets, config.relative_attention_max_distance)),
-             None),
-    "02.4": ("z-loss term at one position whose logits are [1, 2, 3], z_loss 1e-4",
-             lambda: 1e-4 * float(jax.nn.logsumexp(np.array([1.0, 2.0, 3.0]))) ** 2, within()),
-    "03.1": ("number of parameters LoRA trains at rank 4 on the query, value and MLP `wo` kernels",
-             lambda config: _lora_parameters(config, 4, ("query", "value", "wo")), None),
-    "03.2": ("the run ('pretrained' or 'scratch') whose final validation loss exceeds its final training loss more",
-             lambda runs: max(runs, key=lambda name: runs[name].train_eval[-1][1]["loss"] - runs[name].history[-1]["loss"]),
-             None),
-    "03.3": ("shortest inputs length that cuts none of facts_slot_filling's first 1,000 training inputs",
-             lambda: int(tasks.token_lengths("facts_slot_filling", "train", None, 1000)["inputs"].max()), None),
-    "04.1": ("number of right answers to the relation with the lowest EM (None where the questions have no relation)",
-             _weakest_relation_right, None),
-    "04.2": ("EM (%) on the 75% of questions with the highest score",
-             lambda scored: 100 * float(scored.nlargest(math.ceil(0.75 * len(scored)), "score")["correct"].mean()),
-             within()),
-    "05.1": ("numbers of questions on which beam search with num_decodes=1 and with 4 answers as greedy does",
-             lambda greedy, beam_1, beam_4: _rows_like(greedy, beam_1, beam_4), None),
-    "05.2": ("points by which teacher-forced token accuracy (%) exceeds decoded EM",
-             lambda forced, decoded: 100 * forced["accuracy"] - decoded["em"], within(abs_tol=0.01)),  # both to 2 places
-    "05.3": ("numbers of questions on which sampling with top_k=1 answers as greedy does, at temperatures 0.5, 1, 2",
-             lambda greedy, top_1: _rows_like(greedy, *top_1), None),
-    "06.1": ("number of bits in the facts of a world of 1,000 people", lambda: capacity.world_bits(1000), within()),
-    "06.2": ("number of bits held about 100 people's birth years at a mean loss of 2 bits",
-             lambda: capacity.stored_bits({"birth_year": [2 * math.log(2)] * 100})["birth_year"], within()),
+    "00.1": Exercise("the number of parameters in one encoder layer of T5.1.1-small",
+                     lambda: sum(int(np.prod(p.shape)) for name, p in checkpoints.abstract_params(
+                         config.get_config("t5.1.1-small")).items() if name.startswith("encoder/layers_0/"))),
+    "00.2": Exercise("the GB (1e9 bytes) that T5.1.1-small's float32 parameters take",
+                     lambda: _parameters("t5.1.1-small") * 4 / 1e9, figures(2)),
+    "00.3": Exercise("the number of parameters T5.1.1-small has fewer with the facts vocabulary than with T5's",
+                     lambda: _parameters("t5.1.1-small") - _parameters(
+                         "t5.1.1-small", vocab_size=tasks.get_vocabulary("facts").vocab_size)),
+    "01.1": Exercise("the id of <extra_id_99> in the facts vocabulary",
+                     lambda: int(tasks.get_vocabulary("facts").encode("<extra_id_99>")[0])),
+    "01.2": Exercise("the share of the tokens salient span masking would have if the mixture drew both tasks equally "
+                     "often", _ssm_token_share_at_equal_rates, figures(2)),
+    "01.3": Exercise("the target span corruption makes of 'Ada plays the mandolin .' with 'plays' and 'mandolin' cut "
+                     "out", lambda: _span_corruption_target("Ada plays the mandolin .", {1, 3})),
+    "02.1": Exercise("the cross-entropy at one position whose logits are [1, 2, 3] and target 0, without z-loss",
+                     lambda: -float(jax.nn.log_softmax(np.array([1.0, 2.0, 3.0]))[0]), figures(3)),
+    "02.2": Exercise("the list of steps at which the pretraining run keeps checkpoints",
+                     lambda model_dir: sorted(int(p.name) for p in (model_dir / "checkpoints").iterdir()
+                                              if p.name.isdigit())),
+    "02.3": Exercise("the encoder's relative position bucket for a key 20 positions before its query",
+                     lambda config: int(model.relative_position_bucket(
+                         np.array(-20), True, config.relative_attention_num_buckets,
+                         config.relative_attention_max_distance))),
+    "02.4": Exercise("the z-loss term at one position whose logits are [1, 2, 3], with z_loss 1e-4",
+                     lambda: 1e-4 * float(jax.nn.logsumexp(np.array([1.0, 2.0, 3.0]))) ** 2, figures(3)),
+    "03.1": Exercise("the number of parameters LoRA trains at rank 4 on the query, value and MLP `wo` kernels",
+                     lambda config: _lora_parameters(config, 4, ("query", "value", "wo"))),
+    "03.2": Exercise("the accuracy (%) of a uniform guess among the asked relation's values of the facts world",
+                     _chance_accuracy, figures(2)),
+    "03.3": Exercise("the shortest inputs length that cuts none of facts_slot_filling's first 1,000 training inputs",
+                     lambda: int(tasks.token_lengths("facts_slot_filling", "train", None, 1000)["inputs"].max())),
+    "04.1": Exercise("the F1 (%) of the answer 'a player of the violin' where 'violin' is the accepted answer",
+                     lambda: _squad_f1("violin", "a player of the violin"), places(0)),
+    "04.2": Exercise("the EM (%) on the 75% of questions with the highest score",
+                     lambda scored: 100 * float(scored.nlargest(math.ceil(0.75 * len(scored)), "score")["correct"].mean()),
+                     places(1)),
+    "05.1": Exercise("the score beam search (alpha 0.6) gives a finished answer of 3 tokens whose log-probability is -1.5",
+                     lambda: -1.5 / float(decode.brevity_penalty(0.6, 3)), figures(3)),
+    "05.2": Exercise("the token accuracy (%) that the decoded EM would give if every answer were one token and its EOS",
+                     lambda decoded: (decoded["em"] + 100) / 2, places(1)),
+    "05.3": Exercise("the probability sampling at temperature 2 gives the first token when the logits are [2, 0, 0, 0]",
+                     lambda: float(jax.nn.softmax(np.array([2.0, 0.0, 0.0, 0.0]) / 2)[0]), figures(2)),
+    "06.1": Exercise("the number of bits in the facts of 1,000 people whose birth years span 120 years instead of 60",
+                     lambda: capacity.world_bits(1000) + 1000 * math.log2(120 / 60), figures(3)),
+    "06.2": Exercise("the number of bits held about 100 people's birth years at a mean loss of 2 bits",
+                     lambda: capacity.stored_bits({"birth_year": [2 * math.log(2)] * 100})["birth_year"], figures(3)),
 }
 
 
@@ -117,22 +150,57 @@ class Solved:
         self.value = value
 
 
+def real(answer) -> float | None:
+    """`answer` as a float where it is a real number (Python's, numpy's or JAX's scalars, a 0-d
+    array), else None (a bool, a string, a list, an array of several numbers)."""
+    if isinstance(answer, (bool, np.bool_)):
+        return None
+    if isinstance(answer, numbers.Real):
+        return float(answer)
+    dtype, shape = getattr(answer, "dtype", None), getattr(answer, "shape", None)
+    if shape == () and dtype is not None and np.dtype(dtype).kind in "iuf":
+        return float(answer)
+    return None
+
+
+def _equal(answer, expected) -> bool:
+    if isinstance(expected, (list, tuple)):
+        items = np.asarray(answer).tolist() if hasattr(answer, "shape") else answer
+        return isinstance(items, (list, tuple)) and len(items) == len(expected) and all(
+            _equal(a, e) for a, e in zip(items, expected))
+    if isinstance(expected, numbers.Real):
+        return real(answer) == expected
+    return type(answer) is type(expected) and answer == expected
+
+
+def shown(answer) -> str:
+    """An answer as a message shows it: a number as digits (never `np.float64(...)`)."""
+    number = real(answer)
+    if number is None:
+        return repr(answer)
+    return f"{number:.6g}" if isinstance(answer, (float, np.floating)) or not number.is_integer() else str(int(number))
+
+
 def check(name: str, answer, **context) -> None:
     """Print a tick if `answer` is right, saying whether it was the reader's or the solution
     cell's (`Solved`); otherwise raise AssertionError saying what was asked."""
-    question, expected, tolerance = EXERCISES[name]
+    exercise = EXERCISES[name]
+    asked = exercise.question + (f", {exercise.precision.text}" if exercise.precision else "")
     if answer is ...:
-        raise AssertionError(f"exercise {name}: replace `...` with your answer ({question})")
+        raise AssertionError(f"exercise {name}: replace `...` with your answer: {asked}")
     solved = isinstance(answer, Solved)
     answer = answer.value if solved else answer
-    expected = expected(**context)
-    right = answer == expected if tolerance is None else (
-        isinstance(answer, (int, float)) and not isinstance(answer, bool) and math.isclose(answer, expected, **tolerance))
+    expected = exercise.expected(**context)
+    if exercise.precision is None:
+        right = _equal(answer, expected)
+    else:
+        number = real(answer)
+        right = number is not None and abs(number - expected) <= exercise.precision.tolerance(expected)
     if not right:
-        raise AssertionError(f"exercise {name}: {answer!r} is not the {question}; try again, or expand the "
+        raise AssertionError(f"exercise {name}: {shown(answer)} is not {asked}; try again, or expand the "
                              f"solution cell above")
     if solved:
-        print(f"✓ exercise {name}: checked the solution cell's answer, not yours: the {question} is {answer!r} "
-              "(write yours in place of `...` and run the check again)")
+        print(f"✓ exercise {name}: checked the solution cell's answer, not yours: {exercise.question} is "
+              f"{shown(answer)} (write yours in place of `...` and run the check again)")
     else:
-        print(f"✓ exercise {name}: right, the {question} is {answer!r}")
+        print(f"✓ exercise {name}: right, {exercise.question} is {shown(answer)}")

@@ -10,19 +10,22 @@ from t5nb.train import DECODED, VALIDATION
 
 class LivePlot:
     """Curves of chosen metrics against step, training and validation on the same axes; pass
-    it as `train(..., on_log=plot)`. With `decoded=True`, one more panel holds the task's own
-    metrics on the decoded validation sample (`train()`'s `decoded_eval`), whatever they are.
+    it as `train(..., on_log=plot)`. With `decoded` (True, or the sample's size, which its title
+    then gives: `profile.decoded_sample`), one more panel holds the task's own metrics on the
+    decoded validation sample (`train()`'s `decoded_eval`), whatever they are.
 
     The training loop calls it every `log_every` steps, and after each evaluation, with metrics
     already on the host, so plotting never adds a device sync. In a notebook the figure updates
     in place.
     """
 
-    def __init__(self, metrics=("loss", "accuracy"), title: str | None = None, decoded: bool = False,
+    def __init__(self, metrics=("loss", "accuracy"), title: str | None = None, decoded: bool | int = False,
                  figsize_per_plot=(4.2, 3.0)):
         self.metrics = tuple(metrics)
         self.curves = {f"{prefix}{name}": ([], []) for name in self.metrics for prefix in ("", VALIDATION)}
-        self.decoded = decoded  # its curves are added as their metrics first arrive
+        self.decoded = bool(decoded)  # its curves are added as their metrics first arrive
+        self.decoded_title = ("decoded validation sample" if decoded is True or not decoded else
+                              f"decoded validation sample of {decoded:,}")
         panels = self.metrics + (("decoded",) if decoded else ())
         self.figure, axes = plt.subplots(1, len(panels), squeeze=False,
                                          figsize=(figsize_per_plot[0] * len(panels), figsize_per_plot[1]))
@@ -58,7 +61,7 @@ class LivePlot:
             if len(lines) > 1 or panel == "decoded" and lines:
                 ax.legend()
             ax.set_xlabel("step")
-            ax.set_title("decoded validation sample" if panel == "decoded" else panel)
+            ax.set_title(self.decoded_title if panel == "decoded" else panel)
             ax.grid(alpha=0.3)
         self.figure.tight_layout()
         self._show()
@@ -75,6 +78,27 @@ class LivePlot:
             self._handle = display(self.figure, display_id=True)
         else:
             self._handle.update(self.figure)
+
+
+def token_lengths(measured: dict, lengths: dict, title: str):
+    """`tasks.token_lengths`' histograms, one panel per feature, the x-axis fitted to the
+    lengths measured; each feature length a red line where it falls among them, else named
+    under the axis as beyond the longest. The titles give the number of examples."""
+    figure, axes = plt.subplots(1, len(measured), figsize=(4.5 * len(measured), 3.0), squeeze=False)
+    for axis, (feature, values) in zip(axes[0], measured.items()):
+        shortest, longest, length = int(values.min()), int(values.max()), lengths[feature]
+        axis.hist(values, bins=np.arange(shortest, longest + 2) - 0.5)
+        xlabel, within = "tokens", length <= longest + 1
+        if within:
+            axis.axvline(length, color="red", label=f"feature length {length}")
+            axis.legend(fontsize="small")
+        else:
+            xlabel += f" (feature length {length}: beyond the longest, {longest})"
+        axis.set(xlim=(shortest - 1.5, (max(longest, length) if within else longest) + 1.5), xlabel=xlabel,
+                 ylabel="examples", title=f"{title}: {feature}, {len(values):,} examples")
+    figure.tight_layout()
+    plt.close(figure)
+    return figure
 
 
 def sample_efficiency(curve: dict, title: str | None = None):
@@ -115,7 +139,8 @@ def em_against_parameters(sizes: dict):
 
 def bits_against_parameters(rows: list, bits_per_parameter: float = 2.0):
     """`capacity.capacity_grid`'s rows: the bits each model holds against its parameters, one line
-    per world size (its bits dotted), and the line of `bits_per_parameter` (Allen-Zhu and Li's 2)."""
+    per world size (its bits dotted), and the line of `bits_per_parameter` (Allen-Zhu and Li's 2).
+    The bits axis starts at 0 (no model holds fewer) and is logarithmic from 1 bit up."""
     figure, axis = plt.subplots(figsize=(5.6, 3.8))
     parameters = sorted({row["parameters"] for row in rows})
     for people in sorted({row["people"] for row in rows}):
@@ -125,8 +150,13 @@ def bits_against_parameters(rows: list, bits_per_parameter: float = 2.0):
         axis.axhline(own[0]["world_bits"], color=line.get_color(), linestyle=":", linewidth=1)
     axis.plot(parameters, [bits_per_parameter * n for n in parameters], color="black", linestyle="--",
               label=f"{bits_per_parameter:g} bits per parameter")
-    axis.set(xscale="log", yscale="symlog", xlabel="parameters", ylabel="bits stored",
-             title="knowledge held (dotted: all the world holds)")
+    exposures = sorted({round(row["exposures"]) for row in rows if "exposures" in row})
+    after = f" after {', '.join(map(str, exposures))} exposures per fact" if exposures else ""
+    axis.set_xscale("log")
+    axis.set_yscale("symlog", linthresh=1.0)  # 0 bits (nothing held) stays on the axis, 1 bit and up by decade
+    axis.set_ylim(0, 2 * max(max(row["world_bits"] for row in rows), bits_per_parameter * parameters[-1]))
+    axis.set(xlabel="parameters", ylabel="bits stored",
+             title=f"knowledge held by {len(rows)} models{after}\n(dotted: all the world holds)")
     axis.legend(fontsize="small")
     plt.close(figure)
     return figure

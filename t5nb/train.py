@@ -268,7 +268,8 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
         writer, eval_writer = (metric_writers.create_default_writer(str(model_dir / folder),
                                                                     just_logging=jax.process_index() > 0)
                                for folder in ("train", f"training_eval/{task_name}"))
-        bar = tqdm(total=num_steps, initial=step, desc="train", unit="step", disable=not progress)
+        bar = tqdm(total=num_steps, initial=step, desc="train", unit="step",
+                   disable=not progress or step >= num_steps)  # a finished run (loading it): no bar
         save = Saving(trainer, checkpoints, batches, step if resuming else None)
         log = MetricsLog(trainer, writer, bar, on_log, history, save.where)
         validate = (Validation(trainer, eval_batches, decoded_eval, eval_writer, on_log, validations)

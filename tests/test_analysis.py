@@ -29,9 +29,16 @@ def test_facts_questions_give_relation_and_person_and_others_nothing():
     assert scored["relation"].fillna("-").tolist() == ["birth_city", "employer", "birth_year", "-"]
     assert scored["person"].fillna("-").tolist() == ["Ada Klimberg", "Ada Klimberg", "Ida Brelmov", "-"]
     by_relation = analysis.accuracy_by(scored, "relation")
-    assert by_relation.to_dict("index") == {"birth_city": {"questions": 1, "em": 100.0},
-                                            "birth_year": {"questions": 1, "em": 100.0},
-                                            "employer": {"questions": 1, "em": 0.0}}
+    assert by_relation.to_dict("index") == {"birth_city": {"questions": 1, "em": 100.0, "standard_error": 0.0},
+                                            "birth_year": {"questions": 1, "em": 100.0, "standard_error": 0.0},
+                                            "employer": {"questions": 1, "em": 0.0, "standard_error": 0.0}}
+
+
+def test_accuracy_by_group_gives_the_standard_error_of_its_em():
+    scored = pd.DataFrame({"group": ["a"] * 100 + ["b"] * 400, "correct": [True, False] * 50 + [True] * 360 + [False] * 40})
+    table = analysis.accuracy_by(scored, "group")
+    assert table.loc["a"].tolist() == [100, 50.0, 5.0]  # sqrt(0.5 * 0.5 / 100)
+    assert table.loc["b"].tolist() == [400, 90.0, 1.5]  # sqrt(0.9 * 0.1 / 400)
 
 
 def test_every_question_form_of_the_world_parses_back():

@@ -40,6 +40,9 @@ def test_the_decoded_panel_draws_each_task_metric_of_the_sample():
     assert [line.get_label() for line in lines] == ["em", "f1"]
     assert [list(line.get_data()[1]) for line in lines] == [[10.0, 40.0], [12.0, 45.0]]
     assert plot.axes["decoded"].get_title() == "decoded validation sample"
+    sized = LivePlot(("loss",), decoded=64)
+    sized(50, {"validation/decoded/em": 10.0})
+    assert sized.axes["decoded"].get_title() == "decoded validation sample of 64"
     assert [text.get_text() for text in plot.axes["loss"].get_legend().get_texts()] == ["training", "validation"]
 
 
@@ -50,3 +53,22 @@ def test_attention_masks_are_drawn_on_a_fixed_scale_so_a_full_mask_is_dark():
         image = axis.images[0]
         shade = image.to_rgba(image.get_array())[..., :3].mean(axis=-1)  # 0 black, 1 white
         assert (shade[mask] < 0.05).all() and (shade[~mask] > 0.95).all(), axis.get_title()
+
+
+def test_token_length_histograms_fit_the_lengths_and_count_the_examples():
+    """A feature length far beyond every example does not stretch the axis; it is named instead."""
+    measured = {"inputs": np.array([10, 12, 12, 14]), "targets": np.array([2, 3, 2, 2])}
+    figure = plots.token_lengths(measured, {"inputs": 128, "targets": 3}, "facts_qa")
+    inputs, targets = figure.axes
+    assert inputs.get_xlim() == (8.5, 15.5) and inputs.get_title() == "facts_qa: inputs, 4 examples"
+    assert inputs.get_xlabel() == "tokens (feature length 128: beyond the longest, 14)" and not inputs.lines
+    assert [line.get_xdata()[0] for line in targets.lines] == [3]  # within the lengths: drawn where it falls
+
+
+def test_bits_plot_starts_at_zero_bits_and_names_its_models_and_exposures():
+    rows = [{"people": people, "parameters": parameters, "stored_bits": bits, "world_bits": 23.36 * people,
+             "exposures": 40.0} for people, parameters, bits in ((100, 10_000, 0.0), (100, 40_000, 900.0),
+                                                                   (300, 10_000, 50.0), (300, 40_000, 3_000.0))]
+    axis = plots.bits_against_parameters(rows).axes[0]
+    assert axis.get_ylim()[0] == 0 and axis.get_ylim()[1] < 1e6
+    assert axis.get_title().startswith("knowledge held by 4 models after 40 exposures per fact")
