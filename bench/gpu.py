@@ -79,7 +79,7 @@ def plan(quick: bool = False) -> list[Phase]:
     caps = {"rehearsal": "float32"} if quick else {"accelerator": "bfloat16", "fp32-gpu": "float32"}
 
     def variant(name: str, expected: int, **config) -> Phase:  # the small step with T5Config changed
-        return Phase(name, "train", seconds(75, 30), expected, {**small, "config": config})
+        return Phase(name, "train", seconds(75, 40), expected, {**small, "config": config})
 
     def gpu_only(*phases: Phase) -> list[Phase]:
         """Not rehearsed by --quick, to fit its 3 minutes: more variants of the small step (the
@@ -88,7 +88,7 @@ def plan(quick: bool = False) -> list[Phase]:
         return [] if quick else list(phases)
 
     return [
-        Phase("train-small", "train", seconds(100, 45), 40, {**small, "save_for_hf": True}),
+        Phase("train-small", "train", seconds(100, 60), 40, {**small, "save_for_hf": True}),
         Phase("profile", "profile", seconds(120, 60), 60, {**small, "models": {
             "small": "t5.1.1-tiny" if quick else "t5.1.1-small", "base": "t5.1.1-tiny" if quick else "t5.1.1-base"}}),
         *gpu_only(variant("small-dot-product-attention", 35, attention="dot_product_attention")),
@@ -98,7 +98,7 @@ def plan(quick: bool = False) -> list[Phase]:
               needs="small-unrolled"),
         *gpu_only(Phase("small-rows-256", "train", 75, 40, {**small, "rows": 256}),
                   variant("small-remat-minimal", 35, remat_policy="minimal")),
-        Phase("hf-train-small", "hf_train", seconds(60, 30), 20, needs="train-small"),
+        Phase("hf-train-small", "hf_train", seconds(60, 40), 20, needs="train-small"),
         *gpu_only(Phase("hf-compile-small", "hf_train", 120, 90, {"compiled": True}, needs="train-small"),
                   Phase("small-xla-latency-hiding", "train", 75, 35,
                         {**small, "xla_flags": "--xla_gpu_enable_latency_hiding_scheduler=true"})),
