@@ -45,6 +45,7 @@ class Op:
     function: str = ""
     calls: tuple = ()  # the computations it calls
     operands: tuple = ()  # the instructions it reads
+    scalar: bool = False  # its result is one number (an index, a loop counter)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +62,7 @@ _INSTRUCTION = re.compile(r"^\s+(ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _OPCODE = re.compile(r"\s([a-z][\w\-]*)\(")
 _OPERANDS = re.compile(r"%([\w.\-]+)")
 _CALLS = re.compile(r"\b(?:calls|to_apply|called_computations)=(\{[^}]*\}|%?[\w.\-]+)")
+_SCALAR = re.compile(r"^[a-z]\w*\[\]\s")
 _TABLE_ROW = re.compile(r'^(\d+) (?:"(.*)"|\{(.*)\})$')
 
 
@@ -115,7 +117,7 @@ def parse_program(text: str) -> tuple[dict, dict]:
             calls = tuple(c.strip().lstrip("%") for group in _CALLS.findall(rest) for c in group.strip("{}").split(","))
             operands = _OPERANDS.findall(rest[opcode.end():rest.find(")", opcode.end())]) if opcode else []
             ops[name] = Op(opcode[1] if opcode else "", _field(rest, "custom_call_target"), _field(metadata, "op_name"),
-                           *_origin(tables, metadata), calls, tuple(operands))
+                           *_origin(tables, metadata), calls, tuple(operands), bool(_SCALAR.match(rest)))
             names, kept_root = computations[computation]
             names.append(name)
             computations[computation] = (names, name if root else kept_root)
@@ -183,7 +185,7 @@ def kind_of(op: Op, origin: Op, inside: list) -> str | None:
     if "/optax/" in origin.file or origin.file.endswith("layerwise.py") or origin.function.startswith(
             "Trainer._train_step_fn"):
         return OPTIMIZER
-    if {i.opcode for i in computed} <= MOVES:
+    if {i.opcode for i in inside or [op] if not i.scalar} <= MOVES:  # moving arrays, counting indices
         return COPIES
     if origin.function in LOSS_FUNCTIONS:
         return LOSS

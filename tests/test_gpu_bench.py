@@ -100,7 +100,8 @@ def step_profile(monkeypatch):
 
 def gpu_program(loss_line: int) -> str:
     """A GPU program's text as XLA writes it: a cuBLAS matmul, cuDNN's fused attention, a fusion of
-    the loss (its metadata by source line, as some JAX versions write it) and a copy."""
+    the loss (its metadata by source line, as some JAX versions write it), a copy and a slice of
+    a scanned stack (its index counted in scalars)."""
     trainer = pathlib.Path(__file__).resolve().parents[1] / "t5nb" / "trainer.py"
     return f"""HloModule jit_step, entry_computation_layout={{(f32[8,64]{{1,0}})->f32[128,8]{{0,1}}}}
 
@@ -109,9 +110,22 @@ def gpu_program(loss_line: int) -> str:
   ROOT %exponential.1 = f32[8,128]{{1,0}} exponential(f32[8,128]{{1,0}} %param_0), metadata={{op_name="jit(step)/exp" source_file="{trainer}" source_line={loss_line}}}
 }}
 
-ENTRY %main.9 (x.1: f32[8,64], w.1: f32[64,128]) -> f32[128,8] {{
+%fused_slice (param_0.2: f32[2,8,64], param_1.2: s32[]) -> f32[8,64] {{
+  %param_0.2 = f32[2,8,64]{{2,1,0}} parameter(0)
+  %param_1.2 = s32[] parameter(1)
+  %constant.3 = s32[] constant(1)
+  %subtract.4 = s32[] subtract(s32[] %constant.3, s32[] %param_1.2), metadata={{op_name="jit(step)/while/body/sub"}}
+  %constant.5 = s32[] constant(0)
+  %dynamic-slice.6 = f32[1,8,64]{{2,1,0}} dynamic-slice(f32[2,8,64]{{2,1,0}} %param_0.2, s32[] %subtract.4, s32[] %constant.5, s32[] %constant.5), dynamic_slice_sizes={{1,8,64}}
+  ROOT %bitcast.7 = f32[8,64]{{1,0}} bitcast(f32[1,8,64]{{2,1,0}} %dynamic-slice.6)
+}}
+
+ENTRY %main.9 (x.1: f32[8,64], w.1: f32[64,128], stacked.1: f32[2,8,64], i.1: s32[]) -> f32[128,8] {{
   %x.1 = f32[8,64]{{1,0}} parameter(0)
   %w.1 = f32[64,128]{{1,0}} parameter(1)
+  %stacked.1 = f32[2,8,64]{{2,1,0}} parameter(2)
+  %i.1 = s32[] parameter(3)
+  %dynamic-slice_fusion = f32[8,64]{{1,0}} fusion(f32[2,8,64]{{2,1,0}} %stacked.1, s32[] %i.1), kind=kLoop, calls=%fused_slice
   %cublas-gemm.1 = (f32[8,128]{{1,0}}, s8[0]{{0}}) custom-call(f32[8,64]{{1,0}} %x.1, f32[64,128]{{1,0}} %w.1), custom_call_target="__cublas$gemm", metadata={{op_name="jit(step)/dot_general"}}
   %get-tuple-element.1 = f32[8,128]{{1,0}} get-tuple-element((f32[8,128]{{1,0}}, s8[0]{{0}}) %cublas-gemm.1), index=0
   %custom-call.2 = (f32[8,128]{{1,0}}, u8[0]{{0}}) custom-call(f32[8,128]{{1,0}} %get-tuple-element.1), custom_call_target="__cudnn$fmhaScaleBiasSoftmax"
@@ -131,12 +145,13 @@ def test_a_gpu_profile_is_classed_by_each_kernels_instruction(step_profile):
     events = [Event("cublas-gemm.1", "sm90_xmma_gemm_bf16bf16_bf16f32", 0, 100),
               Event("loop_exponential_fusion", "loop_exponential_fusion", 150, 50),
               Event("copy.1", "copy_1", 200, 10), Event(None, "Memcpy DtoD (Device -> Device)", 210, 5),
-              Event("custom-call.2", "cudnn_generated_fort_native_sdpa", 300, 100)]
+              Event("custom-call.2", "cudnn_generated_fort_native_sdpa", 300, 100),
+              Event("dynamic-slice_fusion", "dynamic_slice_fusion", 400, 20)]
     result = step_profile.time_by_kind(events, kinds, steps=1)
     assert result["ms"] == pytest.approx({step_profile.MATMULS: 100e-6, step_profile.LOSS: 50e-6,
-                                          step_profile.COPIES: 15e-6, step_profile.FUSED_ATTENTION: 100e-6,
+                                          step_profile.COPIES: 35e-6, step_profile.FUSED_ATTENTION: 100e-6,
                                           step_profile.IDLE: 135e-6})
-    assert result["span_ms"] == pytest.approx(400e-6) and sum(result["share"].values()) == pytest.approx(1)
+    assert result["span_ms"] == pytest.approx(420e-6) and sum(result["share"].values()) == pytest.approx(1)
     assert kinds["loop_exponential_fusion"] == (step_profile.LOSS, "cross_entropy_with_z_loss")
 
 
