@@ -207,22 +207,27 @@ def run_all(args, phases: list[Phase], deadline: float) -> None:
     print(f"{done} of {len(phases)} phases done in {time.time() - STARTED:.0f} s; results: {path}", flush=True)
 
 
-def run_phase_process(args, phase: Phase, path: pathlib.Path, work: pathlib.Path, memory: int | None) -> str:
-    """Run `phase` in a process of its own; what became of it."""
-    command = [sys.executable, __file__, "--phase", phase.name, "--results", str(path), "--work", str(work),
-               *(["--quick"] if args.quick else []), *(["--keep-freed-memory"] if phase.keep_freed_memory else [])]
-    env = dict(os.environ)
-    # one persistent cache for the call, as the course keeps its compiled programs: a phase loads
-    # what an earlier one compiled (each says which it did), and the call fits its minutes
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", str(work / "jax_cache"))
+def phase_environment(phase: Phase, work: pathlib.Path, memory: int | None, environ) -> dict:
+    """The environment of `phase`'s process: `environ`, with the call's persistent cache (as the
+    course keeps its compiled programs: a phase loads what an earlier one compiled, and says so),
+    the phase's XLA flags, and for a `cap` phase on a GPU of `memory` bytes its share of it."""
+    env = {"JAX_COMPILATION_CACHE_DIR": str(work / "jax_cache"), **environ}
     if "xla_flags" in phase.settings:
         env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {phase.settings['xla_flags']}".strip()
     if phase.kind == "cap" and memory:  # JAX's allocator may take this much of the GPU, no more
         env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{min(1.0, CAP_BYTES / memory):.4f}"
+    return env
+
+
+def run_phase_process(args, phase: Phase, path: pathlib.Path, work: pathlib.Path, memory: int | None) -> str:
+    """Run `phase` in a process of its own; what became of it."""
+    command = [sys.executable, __file__, "--phase", phase.name, "--results", str(path), "--work", str(work),
+               *(["--quick"] if args.quick else []), *(["--keep-freed-memory"] if phase.keep_freed_memory else [])]
     print(f"== {phase.name} (up to {phase.timeout_s} s)", flush=True)
     start = time.time()
     try:
-        code = subprocess.run(command, env=env, timeout=phase.timeout_s).returncode
+        code = subprocess.run(command, env=phase_environment(phase, work, memory, os.environ),
+                              timeout=phase.timeout_s).returncode
     except subprocess.TimeoutExpired:
         return f"timed out after {phase.timeout_s} s"
     record(path, phase.name, wall_s=time.time() - start)
@@ -284,18 +289,18 @@ def cache_events() -> collections.Counter:
     return counts
 
 
-def efficiency(flops: float, step_s: float, dtype: str, peak: float | None, matmul_rate: float) -> dict:
-    """A step's model FLOP/s over the chip's data-sheet peak in `dtype` (`mfu`; None on a CPU,
-    which has no entry in profiles.CHIPS) and over the matmul rate measured in this process."""
+def efficiency(flops: float, step_s: float, peak: float | None, matmul_rate: float) -> dict:
+    """A step's model FLOP/s over the chip's data-sheet peak (`mfu`; none on a CPU, which has no
+    entry in profiles.CHIPS) and over the matmul rate measured in this process."""
     achieved = flops / step_s
-    return {"analytic_flops": flops, "achieved_flops": achieved, "peak_flops": peak,
-            "mfu": achieved / peak if peak else None, "matmul_rate_flops": matmul_rate,
+    chip = {"peak_flops": peak, "mfu": achieved / peak} if peak else {}
+    return {"analytic_flops": flops, "achieved_flops": achieved, **chip, "matmul_rate_flops": matmul_rate,
             "matmul_rate_fraction": achieved / matmul_rate}
 
 
 def describe_efficiency(e: dict, dtype: str, framework: str) -> str:
-    mfu = (f"MFU {e['mfu']:.1%} of the data sheet's {rate(e['peak_flops'])} ({dtype})"
-           if e["mfu"] is not None else "no MFU (no data-sheet peak for this device)")
+    mfu = (f"MFU {e['mfu']:.1%} of the data sheet's {rate(e['peak_flops'])} ({dtype})" if "mfu" in e
+           else "no MFU (no data-sheet peak for this device)")
     return (f"{rate(e['achieved_flops'])}: {mfu}; {e['matmul_rate_fraction']:.1%} of the "
             f"{rate(e['matmul_rate_flops'])} {dtype} matmul rate {framework} measured here")
 
@@ -312,8 +317,8 @@ def jax_efficiency(flops: float, step_s: float, dtype: str, quick: bool) -> dict
     from t5nb.system import time_matmul
 
     chip = chip_of(jax.devices()[0])
-    return efficiency(flops, step_s, dtype, chip.peak(dtype) if chip else None,
-                      time_matmul(1024 if quick else 8192, jnp.dtype(dtype)))
+    matmul_rate = time_matmul(1024 if quick else 8192, jnp.dtype(dtype))
+    return efficiency(flops, step_s, chip.peak(dtype) if chip else None, matmul_rate)
 
 
 def device_memory() -> dict:
@@ -614,7 +619,7 @@ def hf_train_phase(phase: Phase, args, say: Say) -> None:
     hf = run.bench_hf(str(work / "hf"), batch, meta["dtype"], warmup, 3 if args.quick else 10, compiled=compiled)
     # when its first step ended, from the process's start: now, less the steps after it (a warm-up as the median)
     from_start = time.time() - STARTED - sum(hf["step_times_s"]) - warmup * hf["step_s"]
-    measured = efficiency(meta["flops"], hf["step_s"], meta["dtype"], ours.get("peak_flops"),
+    measured = efficiency(meta["flops"], hf["step_s"], ours.get("peak_flops"),
                           run.time_torch_matmul(1024 if args.quick else 8192, getattr(torch, meta["dtype"])))
     memory = {f"{name.removesuffix('_mb')}_gb": mb * 2**20 / 1e9 for name, mb in hf.items() if name.endswith("_mb")}
     peak = "peak_device_gb" if "peak_device_gb" in memory else "peak_rss_gb"
@@ -622,7 +627,8 @@ def hf_train_phase(phase: Phase, args, say: Say) -> None:
             for policy, name in ((ours["execution"]["remat_policy"], phase.needs), ("none", "small-remat-none"))}
     say(f"transformers {'torch.compile' if compiled else 'eager'} {meta['dtype']} (autocast), same weights and batch: "
         f"step {hf['step_s'] * 1e3:.1f} ms, first step {from_start:.1f} s after the process started "
-        f"({hf['first_step_s']:.1f} s its call); {describe_efficiency(measured, meta['dtype'], 'torch')}; "
+        f"({hf['first_step_s']:.1f} s its call; t5nb's {ours['first_step_from_start_s']:.1f} s); "
+        f"{describe_efficiency(measured, meta['dtype'], 'torch')}; "
         f"t5nb {hf['step_s'] / meta['step_s']:.2f}x as fast; {peak.removesuffix('_gb').replace('_', ' ')}: "
         f"transformers (no remat) {memory[peak]:.2f} GB, "
         + ", ".join(f"{name} {gb:.2f} GB" for name, gb in t5nb.items() if gb is not None),

@@ -57,6 +57,17 @@ def test_a_variant_builds_its_trainer_with_the_fields_it_changes(gpu):
     assert (trainer.model_config.remat_policy, trainer.model_config.scan_layers) == ("none", False)
 
 
+def test_each_phase_process_shares_the_calls_cache_and_gets_its_own_settings(gpu, tmp_path):
+    phases = {phase.name: phase for phase in gpu.plan()}
+    flags = gpu.phase_environment(phases["small-xla-latency-hiding"], tmp_path, None, {"XLA_FLAGS": "--a=1"})
+    assert flags["XLA_FLAGS"] == "--a=1 --xla_gpu_enable_latency_hiding_scheduler=true"
+    assert flags["JAX_COMPILATION_CACHE_DIR"] == str(tmp_path / "jax_cache")
+    assert gpu.phase_environment(phases["train-small"], tmp_path, None, {"JAX_COMPILATION_CACHE_DIR": "kept"}) == {
+        "JAX_COMPILATION_CACHE_DIR": "kept"}
+    cap = gpu.phase_environment(phases["cap-accelerator-pretrain_step"], tmp_path, 141 * 10**9, {})
+    assert float(cap["XLA_PYTHON_CLIENT_MEM_FRACTION"]) == pytest.approx(16 / 141, abs=1e-4)
+
+
 @pytest.mark.parametrize("quick, minutes", [(False, 8), (True, 3)])
 def test_the_headline_fits_the_deadline(gpu, quick, minutes):
     deadline = gpu.DEADLINE_S[quick]
