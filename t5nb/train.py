@@ -16,6 +16,7 @@ import numpy as np
 from t5nb import _tensorflow  # noqa: F401, I001  (first: TensorFlow for tf.data only, accelerators hidden)
 from clu import metric_writers
 from tqdm.auto import tqdm
+from tqdm.notebook import tqdm as notebook_tqdm
 
 from t5nb.checkpoints import RunCheckpoints, holding, resume_step, warn_if_short_of_space
 from t5nb.config import EXECUTION_FIELDS
@@ -225,6 +226,25 @@ def _replay(model_dir: pathlib.Path, task_name: str, step: int, on_log) -> tuple
     return history, validations
 
 
+def progress_bar(**options):
+    """tqdm's bar; in a notebook, tqdm's widget, whose saved output (a saved notebook, `t5nb
+    course`'s log) keeps the state it was first shown in, "0%", unless its display is updated:
+    this one's is updated when it closes, so it is saved as it ended."""
+    if options.get("disable") or not issubclass(tqdm, notebook_tqdm):
+        return tqdm(**options)
+    from IPython.display import display  # only in a notebook
+
+    bar = tqdm(**options, display=False)
+    shown, close = display(bar.container, display_id=True), bar.close
+
+    def close_and_update():
+        close()
+        shown.update(bar.container)
+
+    bar.close = close_and_update
+    return bar
+
+
 def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=None, decoded_eval=None,
           eval_every: int = 0, checkpoint_every: int = 0, keep_checkpoints: int = 3, log_every: int = 50, state=None,
           task_name: str = "train_eval", on_log=None, progress: bool = True) -> TrainResult:
@@ -268,8 +288,8 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
         writer, eval_writer = (metric_writers.create_default_writer(str(model_dir / folder),
                                                                     just_logging=jax.process_index() > 0)
                                for folder in ("train", f"training_eval/{task_name}"))
-        bar = tqdm(total=num_steps, initial=step, desc="train", unit="step",
-                   disable=not progress or step >= num_steps)  # a finished run (loading it): no bar
+        bar = progress_bar(total=num_steps, initial=step, desc="train", unit="step",
+                           disable=not progress or step >= num_steps)  # a finished run (loading it): no bar
         save = Saving(trainer, checkpoints, batches, step if resuming else None)
         log = MetricsLog(trainer, writer, bar, on_log, history, save.where)
         validate = (Validation(trainer, eval_batches, decoded_eval, eval_writer, on_log, validations)

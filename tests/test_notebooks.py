@@ -77,6 +77,21 @@ def test_run_course_writes_notebook_log_and_results_even_on_failure(tmp_path, ca
     assert not _kernels_of(os.getpid())  # and is shut down when its notebook ends
 
 
+def test_a_training_bar_is_saved_as_it_ended_not_as_it_started(tmp_path):
+    """tqdm's widget is saved in the state it was first shown in unless its display is updated:
+    `train`'s bar is updated when it closes, so the notebook and its log keep its last line."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "from t5nb.train import progress_bar\n"
+        "bar = progress_bar(total=30, initial=0, desc='train', unit='step')\n"
+        "for _ in range(30):\n    bar.update(1)\nbar.close()")],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
+    (tmp_path / "nb").mkdir()
+    nbformat.write(nb, tmp_path / "nb" / "00_bar.ipynb")
+    assert run_course(tmp_path / "runs", notebooks_dir=tmp_path / "nb")["00_bar"]["ok"]
+    log = (tmp_path / "runs" / "00_bar.log").read_text()
+    assert "train: 100%" in log and " 0%" not in log, log
+
+
 def _kernels_of(pid: int) -> list[str]:
     """The ipykernel processes whose parent is `pid` (from /proc)."""
     kernels = []
