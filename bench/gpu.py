@@ -350,14 +350,16 @@ def timed(step, repeats: int) -> list[float]:
 
 
 def stepper(trainer, state, batch):
-    """A function that runs one train step on `batch` from the last one's state, and waits for it."""
+    """A function that runs one train step on `batch` from the last one's state and waits for it,
+    or (`wait=False`) only dispatches it, as the training loop does between its log points."""
     import jax
 
     carried = [state]
 
-    def step():
+    def step(wait: bool = True):
         carried[0], sums = trainer.train_step(carried[0], batch)
-        jax.block_until_ready(sums)
+        if wait:
+            jax.block_until_ready(sums)
 
     return step
 
@@ -462,8 +464,14 @@ def profile_phase(phase: Phase, args, say: Say) -> None:
             f"compile {trainer.compile_seconds:.1f} s ({how}); {describe_efficiency(measured, dtype, 'JAX')}",
             **{key: fields})
         program = trainer.compile_train_step(trainer.abstract_state(), sharded).as_text()  # the one that ran
+        profiled = 2 if args.quick else 3
+
+        def run():  # as the training loop runs them: each dispatched as the last is, the last waited for
+            for i in range(profiled):
+                step(wait=i == profiled - 1)
+
         try:
-            fields["profile"] = step_profile.profile(step, program, 2 if args.quick else 3,
+            fields["profile"] = step_profile.profile(run, program, profiled,
                                                      keep=args.results.with_name(f"{args.results.stem}-profile-{key}"))
         except Exception as error:  # the timing above stands, and the next model is measured
             say(f"{model}: the profiler failed: {type(error).__name__}: {error}"[:500],

@@ -204,16 +204,15 @@ def kind_of_unknown(event_name: str) -> str:
 
 
 # -- the profile -----------------------------------------------------------------------------------
-def profile(step, program: str, steps: int, keep: pathlib.Path | None = None) -> dict:
-    """`time_by_kind` of `steps` calls of `step` (each waiting for its results) under JAX's
-    profiler; `program`: the text of the compiled program it runs. `keep`: a path to which the
-    trace (.xplane.pb.gz) and the program (.hlo.txt.gz) are copied, to read again elsewhere."""
+def profile(run, program: str, steps: int, keep: pathlib.Path | None = None) -> dict:
+    """`time_by_kind` of `run()` under JAX's profiler: `steps` runs of `program` (its compiled
+    text), the last waited for. `keep`: a path to which the trace (.xplane.pb.gz) and the program
+    (.hlo.txt.gz) are copied, to read again elsewhere."""
     import jax
 
     with tempfile.TemporaryDirectory() as folder:
         with jax.profiler.trace(folder):
-            for _ in range(steps):
-                step()
+            run()
         [trace] = pathlib.Path(folder).rglob("*.xplane.pb")
         serialized = trace.read_bytes()
     if keep:
