@@ -80,15 +80,14 @@ def enclosing_function(path: str, line: int) -> str:
         return ""
     best = ""
 
-    def visit(node, prefix):
+    def visit(node, prefix: str) -> None:
         nonlocal best
         for child in ast.iter_child_nodes(node):
-            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                name = f"{prefix}{child.name}"
-                if child.lineno <= line <= child.end_lineno:
-                    if not isinstance(child, ast.ClassDef):
-                        best = name
-                    visit(child, f"{name}.<locals>." if not isinstance(child, ast.ClassDef) else f"{name}.")
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and (
+                    child.lineno <= line <= child.end_lineno):
+                name, is_class = f"{prefix}{child.name}", isinstance(child, ast.ClassDef)
+                best = best if is_class else name
+                visit(child, f"{name}." if is_class else f"{name}.<locals>.")
 
     visit(tree, "")
     return best
@@ -177,10 +176,9 @@ def kind_of(op: Op, origin: Op, inside: list) -> str | None:
     if ATTENTION_KERNEL.search(" ".join(i.target for i in computed)):
         return FUSED_ATTENTION
     matmuls = [i for i in computed if i.opcode in ("dot", "convolution") or GEMM_KERNEL.search(i.target)]
-    recomputed = [i for i in (origin, *computed) if "rematted_computation" in i.op_name]
     if matmuls:
         return REMAT if all("rematted_computation" in i.op_name for i in matmuls) else MATMULS
-    if recomputed:
+    if any("rematted_computation" in i.op_name for i in (origin, *computed)):
         return REMAT
     if "/optax/" in origin.file or origin.file.endswith("layerwise.py") or origin.function.startswith(
             "Trainer._train_step_fn"):
