@@ -171,6 +171,8 @@ CASES = [
          ValueError, "num_decodes", "got 0"),
     call("option-of-another-method", lambda env: predictor(env, temperature=0.5),
          ValueError, "'greedy' takes no option temperature"),
+    call("top-k-above-the-vocabulary", lambda env: predictor(env, method="sample", top_k=FACTS_IDS + 1),
+         ValueError, "top_k", f"vocabulary of {FACTS_IDS} tokens", f"got {FACTS_IDS + 1}"),
     call("top-p-zero", lambda env: decode.sample_decode(env.model, np.ones((1, 4), np.int32), 4, top_p=0.0),
          ValueError, "top_p", "(0, 1]", "got 0.0"),
     call("non-text-input", lambda env: predictor(env)(["Where?", None]),
