@@ -13,7 +13,13 @@ With libtpu importable (`pip install --no-deps --target /tmp/libtpu "libtpu==<th
 jax[tpu] pins>"`) XLA's TPU compiler compiles them ahead of time for a v5e chip, none needed;
 otherwise XLA:CPU does, whose memory figures are far larger than a TPU's (no TPU fusion and
 scheduling). XLA's cost analysis gives FLOPs and bytes accessed, its memory analysis the bytes
-a program needs (arguments + outputs - donated + temporaries). Several chips split each batch
+a program needs (arguments + outputs - donated + temporaries). Each program runs at the
+efficiency its kind was measured at on an H200 by bench/gpu.py (`GPU_RESULTS`), against the
+data sheet's peak: a train or eval step at the train step's MFU in its dtype, decoding at its
+fraction of the roofline (the larger of FLOPs at peak and bytes at full bandwidth). The TPUs get
+the same efficiencies: libtpu's cost model counts a scanned layer's time once, as its FLOPs, so it
+cannot time the course's scanned programs (`optimal_seconds`: a scan of 8 matmuls costs 1.5 of one).
+Several chips split each batch
 (data parallel, as t5nb's mesh does): their time is one chip's over their count, an ideal
 scaling, and their memory is one chip's running the whole batch, an upper bound. Prints the
 docs/accelerators.md's table (scripts/estimates_table.py); writes bench/results/accelerator_estimates.json.
@@ -35,6 +41,7 @@ import pathlib  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+import types  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -45,12 +52,16 @@ from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 from t5nb import decode  # noqa: E402
 from t5nb import mesh as mesh_lib  # noqa: E402
 from t5nb.model import Transformer  # noqa: E402
-from t5nb.profiles import CHIPS, compute_dtype, get_profile, profile_name_for  # noqa: E402
+from t5nb.config import get_config  # noqa: E402
+from t5nb.profiles import CHIPS, chip_of, compute_dtype, get_profile, profile_name_for  # noqa: E402
 from t5nb.trainer import Trainer  # noqa: E402
 from programs import abstract_batch, course_trainers  # noqa: E402  (bench/programs.py)
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-MFU = 0.4  # the fraction of a chip's roofline every program reaches (docs/accelerators.md)
+# bench/gpu.py's measurements on an H200: the efficiency of each kind of program (`efficiencies`)
+GPU_RESULTS = RESULTS / "gpu-20261126-093508-gpu.json"
+# its decode phase's batch of 64: T5.1.1-small in bfloat16, 512 input tokens, 64 new ones
+DECODE_MEASURED = ("t5.1.1-small", 64, {"inputs": 512, "targets": 64})
 # Compiling: bench/compile.py's seconds per notebook on this CPU (the course in order, compiled
 # programs kept), times how much slower a chip's host compiles them, measured: for a TPU, XLA's
 # TPU compiler against XLA:CPU on the same programs in this run (with libtpu; else 1, unmeasured);
@@ -141,10 +152,17 @@ def greedy_decoding(config, mesh, batch_size: int, lengths: dict) -> dict:
     steps = lengths["targets"]
     start = compiled_cost(jax.jit(lambda s, t: decode._start(nnx.merge(graphdef, s), t, steps)), state, tokens)
     whole = compiled_cost(jax.jit(lambda s, t: decode._sample(
-        nnx.merge(graphdef, s), t, jax.random.key(0), 0.0, 0, 1.0, batch_size, steps, max_decode_length=steps)),
+        nnx.merge(graphdef, s), t, jax.random.key(0), 0.0, 0, 1.0, batch_size, steps, max_decode_length=steps,
+        greedy=True, filtered=False)),
         state, tokens)
     return {**{name: start[name] + steps * (whole[name] - start[name]) for name in ("flops", "bytes_accessed")},
             "memory": whole["memory"], "compile_s": start["compile_s"] + whole["compile_s"]}
+
+
+def measured_decoding(mesh) -> dict:
+    """The program of bench/gpu.py's measured decoding (`DECODE_MEASURED`), compiled for `mesh`."""
+    model, batch_size, lengths = DECODE_MEASURED
+    return greedy_decoding(get_config(model, dtype=jnp.bfloat16, dropout_rate=0.0), mesh, batch_size, lengths)
 
 
 def programs_in(dtype, mesh, profile) -> dict:
@@ -189,12 +207,37 @@ def course(profile) -> dict:
     }
 
 
-def seconds_on(chip, name: str, program: dict) -> float:
-    """Training and eval steps: FLOPs at MFU x peak. Decoding, little arithmetic per byte: the
-    larger of FLOPs at peak and XLA's bytes accessed at the full memory bandwidth, over MFU."""
-    if name != "decode_batch":
-        return program["flops"] / (chip.peak_flops * MFU)
-    return max(program["flops"] / chip.peak_flops, program["bytes_accessed"] / chip.bandwidth) / MFU
+def roofline_seconds(chip, dtype: str, program: dict) -> float:
+    """The least time a program can take: the larger of its FLOPs at the chip's peak in `dtype`
+    and XLA's bytes accessed at the chip's full memory bandwidth."""
+    return max(program["flops"] / chip.peak(dtype), program["bytes_accessed"] / chip.bandwidth)
+
+
+def seconds_on(chip, dtype: str, name: str, program: dict, efficiency: dict) -> float:
+    """Training and eval steps: FLOPs at the measured train step's MFU in `dtype`. Decoding,
+    little arithmetic per byte: its roofline time over the measured decoding's fraction of it."""
+    if name == "decode_batch":
+        return roofline_seconds(chip, dtype, program) / efficiency["decode_batch"]
+    return program["flops"] / (chip.peak(dtype) * efficiency["train_step"][dtype])
+
+
+def efficiencies(decode_measured: dict) -> dict:
+    """What bench/gpu.py measured on an H200 (`GPU_RESULTS`), each against the data sheet's peak:
+    T5.1.1-small's train step at the accelerator course's shape in bfloat16, and at the fp32-gpu
+    profile's in float32 (TF32's peak: JAX's default matmul precision there), as MFU (model FLOPs,
+    `train_step_flops`); greedy decoding's roofline time over its measured time, for
+    `decode_measured` (`DECODE_MEASURED`'s program, compiled here). Eval steps were not timed:
+    they get the train step's MFU."""
+    phases = json.loads(GPU_RESULTS.read_text())["phases"]
+    chip = chip_of(types.SimpleNamespace(device_kind=phases["train-small"]["device"]))
+
+    def mfu(phase):
+        return phases[phase]["analytic_flops"] / phases[phase]["step_s"] / chip.peak(phases[phase]["dtype"])
+
+    decode_s = phases["decode"]["batch_64"]["s"]
+    return {"measured_on": chip.kind, "file": GPU_RESULTS.name,
+            "train_step": {"bfloat16": mfu("train-small"), "float32": mfu("train-small-fp32")},
+            "decode_batch": roofline_seconds(chip, "bfloat16", decode_measured) / decode_s}
 
 
 def compile_ratios(mesh, programs: dict) -> dict:
@@ -238,7 +281,8 @@ def estimate() -> dict:
     result = {"date": datetime.date.today().isoformat(), "commit": commit(),
               "compiled_for": mesh.devices.flat[0].device_kind, "bench_seconds": round(time.perf_counter() - started),
               "profiles": {name: dataclasses.asdict(get_profile(name)) for name in {p for *_, p in setups().values()}},
-              "assumptions": {"mfu": MFU, "compile_ratios": compile_ratios(mesh, programs),
+              "assumptions": {"decode_measured": measured_decoding(mesh),
+                              "compile_ratios": compile_ratios(mesh, programs),
                               "eval_batch": EVAL_BATCH, "validation_examples": VALIDATION_EXAMPLES,
                               "chips": {key: dataclasses.asdict(CHIPS[key]) for _, key, _ in SETUPS}},
               "programs": programs}
@@ -254,14 +298,18 @@ def count(result: dict) -> dict:
     """`result` with each setup's minutes per notebook: its programs' compute, and compiling for
     `COMPILE_RESULTS`' seconds times the chip's ratio."""
     ratios = {**result["assumptions"]["compile_ratios"], "gpu": round(gpu_compile_ratio(), 2)}
+    efficiency = efficiencies(result["assumptions"]["decode_measured"])
     results = {}
     for name, (chip, count, profile_name) in setups().items():
         dtype = jnp.dtype(compute_dtype(chip.device())).name
         compiled, notebooks = result["programs"][f"{profile_name} {dtype}"], {}
         cpu_compile_s = compile_seconds(profile_name)
+        # one run of each program on `count` chips, splitting its batch
+        seconds = {program: seconds_on(chip, dtype, program, cost, efficiency) / count
+                   for program, cost in compiled.items()}
         for notebook, plan in course(get_profile(profile_name)).items():
             counts = plan["counts"]
-            compute = sum(n * seconds_on(chip, program, compiled[program]) for program, n in counts.items()) / count
+            compute = sum(n * seconds[program] for program, n in counts.items())
             compiling = cpu_compile_s[notebook] * ratios[chip.platform]
             notebooks[notebook] = {
                 "training_runs": plan["runs"], "decoded_examples": plan["examples"],
@@ -274,11 +322,15 @@ def count(result: dict) -> dict:
         memory_gb = max(row["memory_gb"] for row in notebooks.values())
         results[name] = {"chip": chip.kind, "chips": count, "profile": profile_name, "dtype": dtype,
                          "notebooks": notebooks, "minutes": compute_minutes + compile_minutes,
+                         "seconds_per_run": seconds,
                          "compute_minutes": compute_minutes, "compile_minutes": compile_minutes,
                          "memory_gb": memory_gb, "fits_in_memory": memory_gb * 1e9 <= chip.memory,
-                         "mfu_for_60_minutes": compute_minutes * MFU / (60 - compile_minutes)}
+                         "train_mfu": efficiency["train_step"][dtype],
+                         # the train step's MFU at which the course takes an hour, every program sped up alike
+                         "mfu_for_60_minutes": compute_minutes * efficiency["train_step"][dtype] / (60 - compile_minutes)}
     compile_results = json.loads(COMPILE_RESULTS.read_text())
-    return {**result, "assumptions": {**result["assumptions"], "compile_ratios": ratios, "compile_results": {
+    return {**result, "assumptions": {**result["assumptions"], "efficiency": efficiency, "compile_ratios": ratios,
+                                      "compile_results": {
         "file": COMPILE_RESULTS.name, "commit": compile_results["current"], "cpu": compile_results["cpu"],
         "gpu_file": GPU_COMPILE_RESULTS.name}}, "setups": results}
 
@@ -303,8 +355,12 @@ def main():
     # --recount: the course times again from the programs kept in the JSON, for new compile seconds
     result = count(json.loads(path.read_text())) if "--recount" in sys.argv[1:] else estimate()
     print(estimates_table().table(result))
-    print(f"\ncompiled for {result['compiled_for']} in {result['bench_seconds']} s; MFU {MFU:.0%}; compiling "
-          f"{result['assumptions']['compile_ratios']} times this CPU's {COMPILE_RESULTS.name}")
+    efficiency = result["assumptions"]["efficiency"]
+    print(f"\ncompiled for {result['compiled_for']} in {result['bench_seconds']} s; measured on an {efficiency['measured_on']}: "
+          f"train step MFU {efficiency['train_step']['bfloat16']:.1%} (bfloat16), "
+          f"{efficiency['train_step']['float32']:.1%} (float32 as TF32), decoding "
+          f"{efficiency['decode_batch']:.1%} of its roofline; compiling {result['assumptions']['compile_ratios']} "
+          f"times this CPU's {COMPILE_RESULTS.name}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
 

@@ -3,6 +3,7 @@ each chip consumes.
 
     .venv/bin/python bench/pipeline.py                  # 1 core, then every core of this machine
     .venv/bin/python bench/pipeline.py --cores 1 --batches 40
+    .venv/bin/python bench/pipeline.py --recount        # the kept rates against new estimates
 
 The pipeline is the course's own (`tasks.BatchIterator` over `c4_span_corruption`: streaming
 the .json.gz files, SentencePiece tokenization, span corruption, packing, batching) at each
@@ -43,16 +44,8 @@ def measure(profile_name: str, batches: int) -> dict:
 
 def consumption(estimates: dict, profile_name: str) -> dict:
     """Sequences/s each setup of that profile pretrains at, by the estimates."""
-    mfu = estimates["assumptions"]["mfu"]
-    rates = {}
-    for name, setup in estimates["setups"].items():
-        if setup["profile"] != profile_name:
-            continue
-        chip = next(c for c in estimates["assumptions"]["chips"].values() if c["kind"] == setup["chip"])
-        step = estimates["programs"][f"{profile_name} {setup['dtype']}"]["pretrain_step"]["flops"]
-        step_s = step / (chip["peak_flops"] * mfu) / setup["chips"]
-        rates[name] = estimates["profiles"][profile_name]["batch_size"] / step_s
-    return rates
+    return {name: estimates["profiles"][profile_name]["batch_size"] / setup["seconds_per_run"]["pretrain_step"]
+            for name, setup in estimates["setups"].items() if setup["profile"] == profile_name}
 
 
 def main():
@@ -60,10 +53,15 @@ def main():
     parser.add_argument("--cores", type=int, nargs="*", default=[1, len(os.sched_getaffinity(0))])
     parser.add_argument("--batches", type=int, default=20)
     parser.add_argument("--measure", help=argparse.SUPPRESS)  # a child process: PROFILE
+    parser.add_argument("--recount", action="store_true", help="the kept measurements against new estimates")
     args = parser.parse_args()
     if args.measure:
         print(json.dumps(measure(args.measure, args.batches)))
         return
+    if args.recount:
+        kept = json.loads((RESULTS / "pipeline.json").read_text())
+        return report(kept["cpu"], kept["cores"], {profile: {int(cores): rate for cores, rate in by_cores.items()}
+                                                      for profile, by_cores in kept["measured"].items()})
     with tempfile.TemporaryDirectory() as scratch:
         env = dict(os.environ)
         if not env.get("T5NB_STANDINS"):
@@ -77,12 +75,17 @@ def main():
                                       "--batches", str(args.batches)], check=True, env=env,
                                      capture_output=True, text=True).stdout
                 measured.setdefault(profile, {})[cores] = json.loads(out.splitlines()[-1])
+    report(_cpu(), args.cores, measured)
+
+
+def report(cpu: str, cores: list, measured: dict) -> None:
+    """Print and write the pipeline's rates beside what each setup consumes."""
     estimates = json.loads((RESULTS / "accelerator_estimates.json").read_text())
-    result = {"cpu": _cpu(), "cores": args.cores, "measured": measured,
+    result = {"cpu": cpu, "cores": cores, "measured": measured,
               "consumed": {profile: consumption(estimates, profile) for profile in PROFILES}}
     for profile in PROFILES:
-        one = measured[profile][min(args.cores)]["sequences_per_s"] / min(args.cores)
-        print(f"{profile} ({'x'.join(map(str, measured[profile][min(args.cores)]['batch']))}): "
+        one = measured[profile][min(cores)]["sequences_per_s"] / min(cores)
+        print(f"{profile} ({'x'.join(map(str, measured[profile][min(cores)]['batch']))}): "
               + ", ".join(f"{cores} core(s) {m['sequences_per_s']:.0f} seq/s" for cores, m in measured[profile].items())
               + f"; {one:.0f} per core")
         for setup, rate in result["consumed"][profile].items():

@@ -6,7 +6,8 @@ rewrites, from bench/results/accelerator_estimates.json, the table between the `
 markers of docs/accelerators.md (every setup, by notebook) and the one between the `chip-table`
 markers of README.md (each setup's profile and course time). tests/test_readme.py fails when a
 table and the JSON disagree. It reads only each setup's `profile`, `dtype`, `minutes`,
-`memory_gb`, `fits_in_memory`, `mfu_for_60_minutes` and its notebooks' `minutes`.
+`compile_minutes`, `memory_gb`, `fits_in_memory`, `train_mfu`, `mfu_for_60_minutes` and its
+notebooks' `minutes`.
 """
 import json
 import pathlib
@@ -31,22 +32,26 @@ def table(result: dict) -> str:
     """docs/accelerators.md's table: a row per setup, minutes per notebook."""
     names = _notebooks(result)
     lines = ["| setup | profile | dtype | " + " | ".join(f"{name[:2]} min" for name in names)
-             + " | **course min** | GB per chip | MFU for 60 min |",
-             "|---|---|---|" + "---:|" * len(names) + "---:|---:|---:|"]
+             + " | **course min** | of it compiling | GB per chip | train step MFU | MFU for 60 min |",
+             "|---|---|---|" + "---:|" * len(names) + "---:|---:|---:|---:|---:|"]
     for name, row in result["setups"].items():
         minutes = " | ".join(f"{row['notebooks'][notebook]['minutes']:.0f}" for notebook in names)
         lines.append(f"| {name} | `{row['profile']}` | {row['dtype']} | {minutes} | **{row['minutes']:.0f}** | "
+                     f"{row['compile_minutes']:.0f} | "
                      f"{row['memory_gb']:.1f}{'' if row['fits_in_memory'] else ' (too much)'} | "
-                     f"{row['mfu_for_60_minutes']:.0%} |")
+                     f"{row['train_mfu']:.1%} | {row['mfu_for_60_minutes']:.0%} |")
     return "\n".join(lines)
 
 
 def chip_table(result: dict) -> str:
-    """README.md's table: a row per setup, its profile and estimated course time."""
-    lines = [f"| setup | profile | compute dtype | notebooks {span(result)} |", "|---|---|---|---:|"]
+    """README.md's table: a row per setup, its profile, estimated course time and, of it, the
+    first run's compiling."""
+    lines = [f"| setup | profile | compute dtype | notebooks {span(result)}, first run | of it compiling |",
+             "|---|---|---|---:|---:|"]
     for name, row in result["setups"].items():
         lines.append(f"| {name} | `{row['profile']}` | {row['dtype']} | about {row['minutes']:.0f} min, estimated"
-                     f"{'' if row['fits_in_memory'] else ' (does not fit its memory)'} |")
+                     f"{'' if row['fits_in_memory'] else ' (does not fit its memory)'} | "
+                     f"{row['compile_minutes']:.0f} min |")
     return "\n".join(lines)
 
 

@@ -59,13 +59,13 @@ def test_the_estimates_tables_read_only_what_every_estimate_has():
     notebooks = {name: {"minutes": minutes, "compile_s": 1.0} for name, minutes in
                  (("02_pretraining", 12.3), ("03_finetuning", 4.0), ("04_closed_book_qa", 2.0), ("05_evaluation", 1.0))}
     result = {"setups": {"Some TPU": {"profile": "accelerator", "dtype": "bfloat16", "minutes": 19.3,
-                                      "memory_gb": 20.0, "fits_in_memory": False, "mfu_for_60_minutes": 0.125,
-                                      "notebooks": notebooks}}}
+                                      "compile_minutes": 2.6, "memory_gb": 20.0, "fits_in_memory": False,
+                                      "train_mfu": 0.1294, "mfu_for_60_minutes": 0.125, "notebooks": notebooks}}}
     assert estimates_table.table(result).splitlines()[2] == \
-        "| Some TPU | `accelerator` | bfloat16 | 12 | 4 | 2 | 1 | **19** | 20.0 (too much) | 12% |"
+        "| Some TPU | `accelerator` | bfloat16 | 12 | 4 | 2 | 1 | **19** | 3 | 20.0 (too much) | 12.9% | 12% |"
     assert estimates_table.chip_table(result).splitlines() == [
-        "| setup | profile | compute dtype | notebooks 02-05 |", "|---|---|---|---:|",
-        "| Some TPU | `accelerator` | bfloat16 | about 19 min, estimated (does not fit its memory) |"]
+        "| setup | profile | compute dtype | notebooks 02-05, first run | of it compiling |", "|---|---|---|---:|---:|",
+        "| Some TPU | `accelerator` | bfloat16 | about 19 min, estimated (does not fit its memory) | 3 min |"]
 
 
 # -- the commands of the README and docs/ -------------------------------------------------------
