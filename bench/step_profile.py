@@ -29,7 +29,8 @@ CONTROL = {"while", "conditional", "call"}  # their bodies' own events hold thei
 MOVES = {"copy", "transpose", "reshape", "bitcast", "broadcast", "slice", "dynamic-slice", "dynamic-update-slice",
          "concatenate", "pad", "convert", "parameter", "constant", "tuple", "get-tuple-element", "iota",
          "copy-start", "copy-done", "bitcast-convert"}
-LOSS_FUNCTIONS = {"cross_entropy_with_z_loss", "is_argmax", "_loss_weights", "Trainer._sums"}
+LOSS_FUNCTIONS = {"cross_entropy_with_z_loss", "_cross_entropy_forward", "_cross_entropy_backward", "is_argmax",
+                  "_loss_weights", "Trainer._sums"}
 GEMM_KERNEL = re.compile(r"gemm|cublas|cutlass|xmma|matmul", re.IGNORECASE)
 ATTENTION_KERNEL = re.compile(r"fmha|flash|dot_product_attention", re.IGNORECASE)
 

@@ -106,17 +106,46 @@ def make_optimizer(config: TrainConfig) -> optax.GradientTransformation:
     return each if whole is None else optax.chain(whole, each)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
 def cross_entropy_with_z_loss(logits, targets, z_loss=1e-4, label_smoothing=0.0):
-    """T5X's loss per position: smoothed cross-entropy + z_loss * log(Z)^2 (and that term alone)."""
-    vocab = logits.shape[-1]
+    """T5X's loss per position: smoothed cross-entropy + z_loss * log(Z)^2 (and that term alone).
+
+    Its gradient is written out (as T5X's `cross_entropy_with_logits` does): the backward pass
+    makes one float32 [b, q, v] array, the logits' gradient, from the logits kept from the
+    forward pass, where differentiating these lines made the softmax and a scatter of the
+    targets' entries as arrays of their own."""
+    return _cross_entropy_forward(logits, targets, z_loss, label_smoothing)[0]
+
+
+def _smoothing(vocab: int, label_smoothing: float) -> tuple[float, float, float]:
+    """(the target's probability, every other token's, the smoothed targets' entropy)."""
     confidence, low = 1.0 - label_smoothing, label_smoothing / (vocab - 1)
-    normalizer = -(confidence * math.log(confidence) + (vocab - 1) * low * math.log(low + 1e-20))
+    return confidence, low, -(confidence * math.log(confidence) + (vocab - 1) * low * math.log(low + 1e-20))
+
+
+def _cross_entropy_forward(logits, targets, z_loss, label_smoothing):
+    confidence, low, entropy = _smoothing(logits.shape[-1], label_smoothing)
     log_z = jax.nn.logsumexp(logits, axis=-1)
     target_logit = jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
     # -sum(soft_targets * log_softmax) without materialising the one-hot [b, q, v]
-    loss = log_z - (confidence - low) * target_logit - low * jnp.sum(logits, axis=-1) - normalizer
+    loss = log_z - (confidence - low) * target_logit - low * jnp.sum(logits, axis=-1) - entropy
     z_term = z_loss * jnp.square(log_z)
-    return loss + z_term, z_term
+    return (loss + z_term, z_term), (logits, targets, log_z)
+
+
+def _cross_entropy_backward(z_loss, label_smoothing, saved, cotangents):
+    """d/dlogits: softmax * (g_loss + 2 z_loss log Z (g_loss + g_z)) - g_loss * soft targets."""
+    logits, targets, log_z = saved
+    g_loss, g_z = cotangents
+    confidence, low, _ = _smoothing(logits.shape[-1], label_smoothing)
+    softmax_scale = g_loss + 2 * z_loss * log_z * (g_loss + g_z)
+    is_target = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1) == targets[..., None]
+    soft_targets = jnp.where(is_target, confidence, low)
+    grad = jnp.exp(logits - log_z[..., None]) * softmax_scale[..., None] - g_loss[..., None] * soft_targets
+    return grad.astype(logits.dtype), None
+
+
+cross_entropy_with_z_loss.defvjp(_cross_entropy_forward, _cross_entropy_backward)
 
 
 def is_argmax(logits, targets):

@@ -51,6 +51,27 @@ def test_cross_entropy_with_z_loss_matches_optax():
     np.testing.assert_allclose(loss - z_term, expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_the_losss_written_out_gradient_is_the_derivative_of_its_formula(label_smoothing):
+    """Both outputs' cotangents (the loss and the z-loss term alone), against autodiff of the
+    same formula through optax."""
+    logits = jax.random.normal(jax.random.key(0), (2, 5, 11)) * 3
+    targets = jax.random.randint(jax.random.key(1), (2, 5), 0, 11)
+    weights = jax.random.uniform(jax.random.key(2), (2, 2, 5))
+
+    def reference(logits):
+        smoothed = optax.smooth_labels(jax.nn.one_hot(targets, 11), label_smoothing * 11 / 10)
+        log_z = jax.nn.logsumexp(logits, -1)
+        z_term = 1e-2 * log_z**2
+        return optax.softmax_cross_entropy(logits, smoothed) + z_term, z_term
+
+    def objective(loss_fn):
+        return lambda logits: sum(jnp.sum(w * out) for w, out in zip(weights, loss_fn(logits)))
+
+    ours = jax.grad(objective(lambda x: cross_entropy_with_z_loss(x, targets, 1e-2, label_smoothing)))(logits)
+    np.testing.assert_allclose(ours, jax.grad(objective(reference))(logits), rtol=1e-5, atol=1e-6)
+
+
 def test_token_accuracy_is_argmax_with_its_tie_break():
     """Logits with many exact ties (as bf16 logits have): the first top index counts."""
     rng = np.random.default_rng(0)
