@@ -158,6 +158,7 @@ def bits_against_parameters(rows: list, bits_per_parameter: float = 2.0):
     axis.set(xlabel="parameters", ylabel="bits stored",
              title=f"knowledge held by {len(rows)} models{after}\n(dotted: all the world holds)")
     axis.legend(fontsize="small")
+    figure.tight_layout()
     plt.close(figure)
     return figure
 
