@@ -399,10 +399,10 @@ def train_phase(phase: Phase, args, say: Say) -> None:
     seconds = {**laps.seconds, "compile": trainer.compile_seconds}
     seconds["first_step"] = seconds.pop("first_step") - trainer.compile_seconds  # after the compile
     how = compiled_how(before, events)
-    say(f"{profile.model} {rows} x {inputs}/{targets}, {describe_execution(trainer, config)}: first step "
+    say(f"{profile.model} {rows} x {inputs}/{targets}, {describe_execution(trainer)}: first step "
         f"{sum(seconds.values()):.1f} s after the process started: "
         + ", ".join(f"{name.replace('_', ' ')} {s:.1f}" for name, s in seconds.items()) + f" (the step {how})",
-        model=profile.model, dtype=dtype, batch=[rows, inputs, targets], execution=execution(trainer, config),
+        model=profile.model, dtype=dtype, batch=[rows, inputs, targets], execution=execution(trainer),
         first_step_from_start_s=sum(seconds.values()), first_step_breakdown_s=seconds,
         compile_s=trainer.compile_seconds, compile_cache=how, **describe_jax())
     times = timed(step, 3 if args.quick else 10)
@@ -427,17 +427,17 @@ def train_phase(phase: Phase, args, say: Say) -> None:
         (out / "meta.json").write_text(json.dumps({"dtype": dtype, "flops": flops, "step_s": step_s}))
 
 
-def execution(trainer, asked) -> dict:
-    """How `trainer`'s model ran: T5Config's execution fields, those its config `asked` as "auto"
-    (before the step compiled) shown as "<the choice> (auto)"."""
+def execution(trainer) -> dict:
+    """How `trainer`'s model ran (`run_config`): T5Config's execution fields, those its config
+    asks as "auto" shown as "<the choice> (auto)"."""
     from t5nb.config import EXECUTION_FIELDS
 
-    return {name: str(getattr(trainer.model_config, name)) + (" (auto)" if str(getattr(asked, name)) == "auto" else "")
-            for name in EXECUTION_FIELDS}
+    return {name: str(getattr(trainer.run_config, name))
+            + (" (auto)" if str(getattr(trainer.model_config, name)) == "auto" else "") for name in EXECUTION_FIELDS}
 
 
-def describe_execution(trainer, asked) -> str:
-    return ", ".join(f"{name} {value}" for name, value in execution(trainer, asked).items())
+def describe_execution(trainer) -> str:
+    return ", ".join(f"{name} {value}" for name, value in execution(trainer).items())
 
 
 def profile_phase(phase: Phase, args, say: Say) -> None:
@@ -458,9 +458,9 @@ def profile_phase(phase: Phase, args, say: Say) -> None:
         how = compiled_how(before, events)
         step_s = statistics.median(timed(step, 3 if args.quick else 10))
         measured = jax_efficiency(train_step_flops(config, rows, inputs, targets), step_s, dtype, args.quick)
-        fields = {"model": model, "batch": [rows, inputs, targets], "execution": execution(trainer, config),
+        fields = {"model": model, "batch": [rows, inputs, targets], "execution": execution(trainer),
                   "step_s": step_s, "compile_s": trainer.compile_seconds, "compile_cache": how, **measured}
-        say(f"{model} {rows} x {inputs}/{targets}, {describe_execution(trainer, config)}: step {step_s * 1e3:.1f} ms, "
+        say(f"{model} {rows} x {inputs}/{targets}, {describe_execution(trainer)}: step {step_s * 1e3:.1f} ms, "
             f"compile {trainer.compile_seconds:.1f} s ({how}); {describe_efficiency(measured, dtype, 'JAX')}",
             **{key: fields})
         program = trainer.compile_train_step(trainer.abstract_state(), sharded).as_text()  # the one that ran
@@ -490,13 +490,13 @@ def compile_phase(phase: Phase, args, say: Say) -> None:
     for name in phase.settings["of"]:
         trainer, lengths, _, profile = course_trainer(phases[name].settings, "pretrain_step")
         batch = make_batch(trainer.model_config, profile.batch_size, lengths["inputs"], lengths["targets"])
-        asked, before, start = trainer.model_config, events.copy(), time.perf_counter()
+        before, start = events.copy(), time.perf_counter()
         trainer.compile_train_step(trainer.abstract_state(), trainer.shard_batch(batch))
         seconds, first, how = time.perf_counter() - start, say.results(name), compiled_how(before, events)
-        say(f"{name}'s step ({describe_execution(trainer, asked)}) again: {seconds:.1f} s, {how}; "
+        say(f"{name}'s step ({describe_execution(trainer)}) again: {seconds:.1f} s, {how}; "
             f"its first {first.get('compile_s', float('nan')):.1f} s ({first.get('compile_cache', 'not run')})",
             **{name: {"warm_compile_s": seconds, "compile_cache": how, "first_compile_s": first.get("compile_s"),
-                      "execution": execution(trainer, asked)}})
+                      "execution": execution(trainer)}})
 
 
 def decode_phase(phase: Phase, args, say: Say) -> None:

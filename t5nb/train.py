@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from tqdm.notebook import tqdm as notebook_tqdm
 
 from t5nb.checkpoints import RunCheckpoints, holding, resume_step, warn_if_short_of_space
-from t5nb.config import EXECUTION_FIELDS
+from t5nb.config import EXECUTION_FIELDS, T5Config
 from t5nb.event_logs import logged_steps
 from t5nb.files import write_atomically
 from t5nb.profiles import chip_of
@@ -27,7 +27,7 @@ from t5nb.system import time_matmul
 from t5nb import adapters, evaluate, tasks
 from t5nb.recipe import Recipe, RecipeError, data_task, feature_lengths, load_recipe, make_trainer
 from t5nb.restore import initial_params
-from t5nb.trainer import Trainer, TrainState, finalize, teacher_forced
+from t5nb.trainer import Trainer, TrainConfig, TrainState, finalize, teacher_forced
 
 
 VALIDATION = "validation/"  # the prefix of evaluation metrics in `on_log`
@@ -70,9 +70,11 @@ def record_config(model_dir: pathlib.Path, trainer: Trainer, resuming: bool) -> 
             write_atomically(path, json.dumps(requested, indent=2))
         return
     saved = json.loads(path.read_text())
+    # a field added since the run began ran as its default
+    defaults = json.loads(json.dumps({"model": T5Config().to_json(), "train": dataclasses.asdict(TrainConfig())}))
 
     def changes(part):
-        old, new = saved.get(part, {}), requested[part]
+        old, new = {**defaults[part], **saved.get(part, {})}, requested[part]
         return {k: (old.get(k), new.get(k)) for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)}
 
     model_changes, train_changes = changes("model"), changes("train")

@@ -235,8 +235,9 @@ class Trainer:
         self._train_step = self._eval_step = self._step_shape = None
 
     def _run_as(self, model_config: T5Config, graphdef=None) -> None:
-        """Run the model as `model_config` says (its remat policy: `remat_policy="auto"` resolved)."""
-        self.model_config = model_config
+        """Run the model as `model_config` says: `run_config`, `model_config` with its remat policy
+        chosen where it is "auto" (`compile_train_step`)."""
+        self.run_config = model_config
         self.graphdef = graphdef or _abstract_params(model_config)[0]
         # scanned layers computed again in the backward pass anyway, and an optimizer that updates
         # each parameter alone, in one step: each layer is updated inside that pass (`layerwise`)
@@ -248,7 +249,7 @@ class Trainer:
     def _compiled(self, name, build, *inputs):
         """`build()`'s compiled program, compiled once per process for this model, optimizer,
         mesh, rules and `inputs` (arrays or `ShapeDtypeStruct`s with shardings)."""
-        key = (name, self.model_config, self.train_config, self.mesh, self.rules, *map(_signature, inputs))
+        key = (name, self.run_config, self.train_config, self.mesh, self.rules, *map(_signature, inputs))
         if key not in _COMPILED:
             _COMPILED[key] = build()
             while len(_COMPILED) > _COMPILED_KEPT:
@@ -425,7 +426,8 @@ class Trainer:
         shardings (`abstract_state()`), which compile it without allocating anything. With
         `remat_policy="auto"`, the first of `REMAT_CHOICES` whose step XLA plans within `FITS` of
         the chip's memory (`memory_limit`) and compiles at all (a TPU's compiler refuses a step
-        that does not fit); the last where none does. This trainer then runs as that choice."""
+        that does not fit); the last where none does. This trainer then runs as that choice
+        (`run_config`)."""
         if self.model_config.remat_policy != "auto":
             return self._compile_train_step(state, batch)
         limit = memory_limit(self.mesh.devices.flat[0])

@@ -5,6 +5,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -247,6 +248,22 @@ def test_a_run_resumes_with_scanned_rematerialised_layers_after_a_warning(tmp_pa
         np.testing.assert_allclose(resumed.history[-1][metric], straight.history[-1][metric], rtol=1e-5)
 
 
+def test_a_run_begun_before_a_config_field_existed_resumes_as_its_default_without_a_warning(tmp_path):
+    config = get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0)
+    train(Trainer(config, TrainConfig(learning_rate=1e-2)), Batches(copy_batch()), 2, tmp_path, checkpoint_every=2,
+          progress=False)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["model"]["attention"], saved["train"]["grad_accum_steps"]  # as a run written before they existed
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train(Trainer(config, TrainConfig(learning_rate=1e-2)), Batches(copy_batch()), 4, tmp_path, checkpoint_every=2,
+              progress=False)
+    with pytest.warns(UserWarning, match=r"attention='dot_product_attention' \(was 'einsum'\)"):
+        train(Trainer(config.replace(attention="dot_product_attention"), TrainConfig(learning_rate=1e-2)),
+              Batches(copy_batch()), 6, tmp_path, checkpoint_every=2, progress=False)
+
+
 def assert_close_states(got, expected, atol=1e-5):
     """Two train states in the per-layer layout: the same tree, every number within `atol`."""
     assert jax.tree.structure(got) == jax.tree.structure(expected)
@@ -406,7 +423,8 @@ def test_auto_remat_runs_the_least_recomputation_whose_step_fits_the_chips_memor
         monkeypatch.setattr(trainer_lib, "memory_limit", lambda device: limit)
         trainer = Trainer(config.replace(remat_policy="auto"), TrainConfig(learning_rate=1e-2))
         state, sums = trainer.train_step(trainer.init_state(), trainer.shard_batch(batch))
-        assert trainer.model_config.remat_policy == chosen, (limit, planned)
+        assert trainer.run_config.remat_policy == chosen, (limit, planned)
+        assert trainer.model_config.remat_policy == "auto"  # as asked: what a recipe compares it with
     reference = Trainer(config.replace(remat_policy="minimal"), TrainConfig(learning_rate=1e-2))
     expected, expected_sums = reference.train_step(reference.init_state(), reference.shard_batch(batch))
     monkeypatch.setattr(trainer_lib, "memory_limit", lambda device: planned["minimal"] / trainer_lib.FITS)
@@ -422,7 +440,7 @@ def test_auto_remat_takes_a_step_the_compiler_refuses_for_its_size_as_one_that_d
     compile_step = Trainer._compile_train_step
 
     def refusing(trainer, state, batch):
-        if trainer.model_config.remat_policy == "none":
+        if trainer.run_config.remat_policy == "none":
             raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Ran out of memory on HBM")
         return compile_step(trainer, state, batch)
 
@@ -431,4 +449,4 @@ def test_auto_remat_takes_a_step_the_compiler_refuses_for_its_size_as_one_that_d
     config = get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0, remat_policy="auto")
     trainer = Trainer(config, TrainConfig(learning_rate=1e-2))
     trainer.train_step(trainer.init_state(), trainer.shard_batch(copy_batch()))
-    assert trainer.model_config.remat_policy == "minimal"
+    assert trainer.run_config.remat_policy == "minimal"
