@@ -21,6 +21,7 @@ from t5nb.system import keep_compiled_programs
 
 ESTIMATES = REPO_ROOT / "bench" / "results" / "accelerator_estimates.json"  # computed for each chip, not measured
 MEASURED = REPO_ROOT / "docs" / "course_results.json"  # `make course` under the cpu profile, measured
+MEASURED_ON = "2 cores of an AMD EPYC without AVX-512"  # where MEASURED was: the README's course table says so
 
 
 @dataclasses.dataclass(frozen=True)
@@ -189,7 +190,8 @@ def course_minutes(name: str, device=None, count: int | None = None) -> tuple[di
             return None
         measured = json.loads(MEASURED.read_text())
         return ({notebook: row["wall_s"] / 60 for notebook, row in measured.items()},
-                "measured by `make course` (docs/course_results.json; the README's course table says on what)")
+                f"measured by `make course` on {MEASURED_ON} (docs/course_results.json); other CPUs take longer "
+                "or shorter")
     chip = chip_of(device)
     if chip is None or name != profile_name_for(device) or not ESTIMATES.is_file():
         return None

@@ -35,6 +35,12 @@ def test_readme_course_table_is_the_recorded_course():
     assert set(results) == {path.stem for path in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
 
 
+def test_the_setup_cells_course_time_names_the_cpu_the_readmes_table_was_measured_on():
+    from t5nb.profiles import MEASURED_ON
+
+    assert " ".join((ROOT / "README.md").read_text(encoding="utf-8").split()).count(f"on {MEASURED_ON}") == 1
+
+
 def test_the_table_reads_every_number_from_the_results():
     results = json.loads(course_table.RECORD.read_text())
     results["04_closed_book_qa"]["pretrained"]["em"] = 12.34
