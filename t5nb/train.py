@@ -231,7 +231,8 @@ def _replay(model_dir: pathlib.Path, task_name: str, step: int, on_log) -> tuple
 def progress_bar(**options):
     """tqdm's bar; in a notebook, tqdm's widget, whose saved output (a saved notebook, `t5nb
     course`'s log) keeps the state it was first shown in, "0%", unless its display is updated:
-    this one's is updated when it closes, so it is saved as it ended."""
+    this one's becomes its last line as text when it closes, so it is saved as it ended (text,
+    not the widget, whose view reads a bar that may since have been freed)."""
     if options.get("disable") or not issubclass(tqdm, notebook_tqdm):
         return tqdm(**options)
     from IPython.display import display  # only in a notebook
@@ -241,7 +242,7 @@ def progress_bar(**options):
 
     def close_and_update():
         close()
-        shown.update(bar.container)
+        shown.update({"text/plain": str(bar)}, raw=True)
 
     bar.close = close_and_update
     return bar
