@@ -231,21 +231,29 @@ def _replay(model_dir: pathlib.Path, task_name: str, step: int, on_log) -> tuple
 def progress_bar(**options):
     """tqdm's bar; in a notebook, tqdm's widget, whose saved output (a saved notebook, `t5nb
     course`'s log) keeps the state it was first shown in, "0%", unless its display is updated:
-    this one's becomes its last line as text when it closes, so it is saved as it ended (text,
-    not the widget, whose view reads a bar that may since have been freed)."""
+    this one's becomes its last line as text when it closes (`SavedAsItEnded`)."""
     if options.get("disable") or not issubclass(tqdm, notebook_tqdm):
         return tqdm(**options)
-    from IPython.display import display  # only in a notebook
+    return SavedAsItEnded(**options)
 
-    bar = tqdm(**options, display=False)
-    shown, close = display(bar.container, display_id=True), bar.close
 
-    def close_and_update():
-        close()
-        shown.update({"text/plain": str(bar)}, raw=True)
+class SavedAsItEnded(notebook_tqdm):
+    """tqdm's notebook bar whose display becomes its last line as text when it closes, so it is
+    saved as it ended. A subclass, not a closure on the bar: a bar in a reference cycle is freed
+    by the garbage collector, which clears the widget's weak reference to it before the bar
+    closes, and the widget's view then fails to read it (ReferenceError)."""
 
-    bar.close = close_and_update
-    return bar
+    def __init__(self, **options):
+        from IPython.display import display  # only in a notebook
+
+        super().__init__(**options, display=False)
+        self.shown = display(self.container, display_id=True)
+
+    def close(self):
+        super().close()
+        shown, self.shown = getattr(self, "shown", None), None  # closed once; or before it was shown
+        if shown is not None:
+            shown.update({"text/plain": str(self)}, raw=True)
 
 
 def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=None, decoded_eval=None,
