@@ -57,6 +57,16 @@ class WholeEntries(lru_cache.LRUCache):
     does only where the entry is missing or fails to load: one cut short by a kill is compiled
     again and replaced, where JAX's own cache keeps it and fails on it in every later process."""
 
+    def _evict_if_needed(self, *, additional_size: int = 0) -> None:
+        """JAX's eviction, which reads every entry's access time: an entry that a process without
+        this cache wrote into the same folder (a plain `JAX_COMPILATION_CACHE_DIR`) has none, and
+        counts as the least recently used, where JAX's eviction failed on it at every write."""
+        for entry in self.path.glob(f"*{lru_cache._CACHE_SUFFIX}"):
+            atime = self.path / f"{entry.name.removesuffix(lru_cache._CACHE_SUFFIX)}{lru_cache._ATIME_SUFFIX}"
+            if not atime.exists():
+                atime.write_bytes((0).to_bytes(8, "little"))
+        super()._evict_if_needed(additional_size=additional_size)
+
     def put(self, key: str, value: bytes) -> None:
         if len(value) > self.max_size:
             return super().put(key, value)  # JAX's warning, nothing written

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 from t5nb import system
 
@@ -68,3 +69,18 @@ def test_the_next_process_loads_every_kept_program_and_a_truncated_entry_is_comp
     after, loaded = run()
     assert UNREADABLE not in after.stderr and loaded == {**counts, "hits": len(kept), "misses": 0}
     assert entries().keys() == kept.keys() and not list(compiled.glob(".*.tmp"))  # no temporaries left
+
+
+def test_an_entry_written_by_a_plain_jax_cache_in_the_same_folder_is_evicted_first_not_failed_on(tmp_path):
+    """A process without `keep_compiled_programs` (JAX_COMPILATION_CACHE_DIR alone) writes no access
+    time: the next write here counts that entry as the least recently used, and says nothing."""
+    from jax._src import lru_cache
+
+    from t5nb.system import WholeEntries
+
+    (tmp_path / f"plain{lru_cache._CACHE_SUFFIX}").write_bytes(b"x" * 60)  # as JAX's unbounded cache writes it
+    cache = WholeEntries(str(tmp_path), max_size=100)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cache.put("kept", b"y" * 60)
+    assert cache.get("kept") == b"y" * 60 and not (tmp_path / f"plain{lru_cache._CACHE_SUFFIX}").exists()

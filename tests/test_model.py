@@ -128,7 +128,7 @@ def test_scanned_and_rematerialised_stacks_compute_what_the_unrolled_one_does(sc
 
 
 def test_an_unknown_remat_policy_is_refused_naming_the_choices():
-    with pytest.raises(ValueError, match=r"remat_policy must be one of none, minimal, full, got 'some'"):
+    with pytest.raises(ValueError, match=r"remat_policy must be one of none, minimal, full, auto, got 'some'"):
         get_config("t5.1.1-tiny", remat_policy="some")
 
 
