@@ -60,7 +60,10 @@ class WholeEntries(lru_cache.LRUCache):
     def _evict_if_needed(self, *, additional_size: int = 0) -> None:
         """JAX's eviction, which reads every entry's access time: an entry that a process without
         this cache wrote into the same folder (a plain `JAX_COMPILATION_CACHE_DIR`) has none, and
-        counts as the least recently used, where JAX's eviction failed on it at every write."""
+        counts as the least recently used, where JAX's eviction failed on it at every write.
+        Without a size cap nothing is evicted, and no entry's access time is read."""
+        if not self.eviction_enabled:
+            return
         for entry in self.path.glob(f"*{lru_cache._CACHE_SUFFIX}"):
             atime = self.path / f"{entry.name.removesuffix(lru_cache._CACHE_SUFFIX)}{lru_cache._ATIME_SUFFIX}"
             if not atime.exists():
