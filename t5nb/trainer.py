@@ -376,7 +376,12 @@ class Trainer:
         sums = {"loss": jnp.sum(loss * weights), "z_loss": jnp.sum(z_term * weights),
                 "correct": jnp.sum(correct), "weight": jnp.sum(weights),
                 "answer_correct": jnp.sum(correct * answer), "answer_weight": jnp.sum(answer),  # EOS left out
-                "sequences": jnp.sum(jnp.any(weights > 0, axis=-1))}
+                # float32, as every sum: XLA combines their all-reduces with the gradients' into
+                # one, after the layer loops. An int32 sum kept an all-reduce of its own, with no
+                # data dependence on the loops' all-reduces: XLA:CPU starts such collectives at
+                # once on each simulated device, and devices waiting in both can deadlock (aborted
+                # after 40 s: the rehearsal's 04 and 05, now and then)
+                "sequences": jnp.sum(jnp.any(weights > 0, axis=-1), dtype=jnp.float32)}
         return sums["loss"], sums
 
     def _gradients(self, params, frozen, batch, dropout_key):
