@@ -60,19 +60,22 @@ REHEARSAL_LOG := $(CURDIR)/runs/test-rehearsal.log
 # compiler, the kill matrix's and hosted setups' chains of processes), so a third worker keeps
 # the second core busy (2-core AMD EPYC, fresh clones: 148% of the cores with 2 workers, 179%
 # with 3, and 2 min less in all with more tests; 4 workers gained nothing more).
+# A cell's limit: nbval waits on a kernel that died (an abort in XLA) until it passes; the
+# slowest cell takes about 2 minutes (2-core AMD EPYC), nbval's default limit is 2000 s.
+CELL_TIMEOUT := --nbval-cell-timeout=600
 WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 test: $(VENV)/.test
 	rm -rf runs/test-ci $(REHEARSAL) $(REHEARSAL_LOG)* $(STANDINS)
 	$(PY) tests/standins.py $(STANDINS)
 	@if [ -f $(STANDINS)/hf/google/t5-v1_1-small/spiece.model ]; then \
 	  (T5NB_PROFILE=rehearsal T5NB_STANDINS=$(STANDINS) T5NB_RUNS_DIR=$(REHEARSAL) \
-	   XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest notebooks --nbval-lax --nbval-current-env \
+	   XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest notebooks --nbval-lax --nbval-current-env $(CELL_TIMEOUT) \
 	   --durations=10 > $(REHEARSAL_LOG) 2>&1; echo $$? > $(REHEARSAL_LOG).status) & \
 	  in_rehearsal_only=--ignore=notebooks/06_knowledge_capacity.ipynb; \
 	else in_rehearsal_only=; echo "rehearsal skipped: no official T5 vocabulary in T5NB_DATA_DIR ($${T5NB_DATA_DIR:-../shared/data})" \
 	  | tee $(REHEARSAL_LOG); echo 0 > $(REHEARSAL_LOG).status; fi; \
 	T5NB_PROFILE=ci T5NB_RUNS_DIR=$(CURDIR)/runs/test-ci $(PY) -m pytest -n $(WORKERS) --no-loadscope-reorder \
-	  tests notebooks $$in_rehearsal_only --nbval-lax --nbval-current-env --durations=20; code=$$?; \
+	  tests notebooks $$in_rehearsal_only --nbval-lax --nbval-current-env $(CELL_TIMEOUT) --durations=20; code=$$?; \
 	wait; echo "== the rehearsal (T5NB_PROFILE=rehearsal, 8 simulated devices)"; cat $(REHEARSAL_LOG); \
 	rehearsal=$$(cat $(REHEARSAL_LOG).status); if [ $$code -eq 0 ]; then exit $$rehearsal; fi; exit $$code
 
