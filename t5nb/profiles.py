@@ -21,7 +21,7 @@ from t5nb.system import keep_compiled_programs
 
 ESTIMATES = REPO_ROOT / "bench" / "results" / "accelerator_estimates.json"  # computed for each chip, not measured
 MEASURED = REPO_ROOT / "docs" / "course_results.json"  # `make course` under the cpu profile, measured
-MEASURED_ON = "2 cores of an AMD EPYC without AVX-512"  # where MEASURED was: the README's course table says so
+MEASURED_ON = "2 cores of an AMD EPYC with AVX-512"  # where MEASURED was: the README's course table says so
 
 
 @dataclasses.dataclass(frozen=True)

@@ -154,7 +154,7 @@ def test_a_scanned_data_parallel_step_has_no_two_collectives_that_can_wait_at_on
     assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
     found = json.loads(result.stdout.strip().splitlines()[-1])
     assert len(found["control"]) == 1  # its loop and the all-reduce beside it
-    assert found["train 8x1"] == [] and found["eval 8x1"] == []
+    assert found["train"] == [] and found["eval"] == []
 
 
 class Batches:
