@@ -91,10 +91,9 @@ if __name__ == "__main__":
         looped = jax.lax.scan(lambda c, _: (c + jax.lax.psum(c, "d"), None), x, None, length=3)[0]
         return looped, jax.lax.psum(x.astype(jnp.int32), "d")
 
-    found = {"control": unordered(jax.jit(jax.shard_map(control, mesh=control_mesh, in_specs=P("d"),
-                                                        out_specs=(P("d"), P("d"))))
-                                  .lower(jax.ShapeDtypeStruct((8,), jnp.float32, sharding=jax.NamedSharding(control_mesh, P("d"))))
-                                  .compile().as_text())}
+    control_input = jax.ShapeDtypeStruct((8,), jnp.float32, sharding=jax.NamedSharding(control_mesh, P("d")))
+    control_step = jax.jit(jax.shard_map(control, mesh=control_mesh, in_specs=P("d"), out_specs=(P("d"), P("d"))))
+    found = {"control": unordered(control_step.lower(control_input).compile().as_text())}
     rng = np.random.default_rng(0)
     tokens = rng.integers(2, 64, (8, 10), dtype=np.int32)
     tokens[:, -2:] = 0  # padding
