@@ -91,7 +91,7 @@ def keep_compiled_programs() -> pathlib.Path:
     """Keep the programs JAX compiles (JAX's persistent compilation cache, `WholeEntries`) in
     `<runs_dir()>/compiled`, so that a later kernel (the next notebook, a rerun, `t5nb train`)
     loads them instead of compiling them again: minutes of XLA's compiler on an accelerator's
-    host. On Colab they stay on the runtime's disk (`COLAB_COMPILED`), even where runs go to Google
+    host. Input pipelines are kept in its `pipelines/` (`t5nb.tasks.kept_pipelines`). On Colab they stay on the runtime's disk (`COLAB_COMPILED`), even where runs go to Google
     Drive: the cache locks and renames files, which a local disk does as it says (a network mount
     need not); so a new runtime compiles them once again. A
     folder set by `JAX_COMPILATION_CACHE_DIR` is kept; `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`

@@ -21,6 +21,7 @@ import jax
 import seqio
 import tensorflow as tf
 
+from t5nb.tasks import kept_pipelines
 from t5nb.tasks.pieces import get_task
 
 
@@ -38,15 +39,24 @@ def get_dataset(task, feature_lengths: dict, batch_size: int, *, split: str = "t
     unless `pack` says otherwise); the same `seed` gives the same batches, in the same order,
     shuffled or not (it also seeds random preprocessing such as span corruption's noise).
     `num_epochs=None` repeats forever; the last partial batch is dropped. `try_in_mem_cache`
-    must be False under `tfds.testing.mock_data`."""
+    must be False under `tfds.testing.mock_data`. Where JAX keeps its compiled programs, the
+    pipeline is kept beside them and loaded, not built, next time (`kept_pipelines`)."""
     task = get_task(task)
     pack = is_pretraining(task) if pack is None else pack
+    kept = kept_pipelines.key(task, dict(feature_lengths=dict(feature_lengths), batch_size=batch_size, split=split,
+                                         pack=pack, shuffle=shuffle, seed=seed, num_epochs=num_epochs,
+                                         try_in_mem_cache=try_in_mem_cache))
+    if kept and (dataset := kept_pipelines.load(kept)) is not None:
+        return dataset
     dataset = task.get_dataset(feature_lengths, split=split, shuffle=shuffle, seed=seed,
                                num_epochs=num_epochs, try_in_mem_cache=try_in_mem_cache)
     dataset = dataset.map(lambda example: {k: v for k, v in example.items() if k in feature_lengths})  # the
     # text the model never sees (`*_pretokenized`, `answers`), which the packing converter warns about
     dataset = seqio.EncDecFeatureConverter(pack=pack)(dataset, task_feature_lengths=feature_lengths)
-    return dataset.batch(batch_size, drop_remainder=True)
+    dataset = dataset.batch(batch_size, drop_remainder=True)
+    if kept:
+        kept_pipelines.keep(kept, dataset)
+    return dataset
 
 
 def validation_batches(task, feature_lengths: dict, batch_size: int, num_batches: int) -> list[dict]:

@@ -131,8 +131,9 @@ RELATIONS = {
 
 
 def salient_spans_pattern() -> str:
-    """A regex matching every fact value: the salient spans that salient span masking hides."""
-    values = sorted({value for values, _, _ in RELATIONS.values() for value in values}, key=len, reverse=True)
+    """A regex matching every fact value: the salient spans that salient span masking hides; the
+    longest first, the same text in every process (a kept pipeline's key holds it)."""
+    values = sorted({value for values, _, _ in RELATIONS.values() for value in values}, key=lambda v: (-len(v), v))
     return "|".join(re.escape(value) for value in values)
 
 
