@@ -31,7 +31,7 @@ MOVES = {"copy", "transpose", "reshape", "bitcast", "broadcast", "slice", "dynam
          "copy-start", "copy-done", "bitcast-convert"}
 LOSS_FUNCTIONS = {"cross_entropy_with_z_loss", "_cross_entropy_forward", "_cross_entropy_backward", "is_argmax",
                   "_loss_weights", "Trainer._sums"}
-GEMM_KERNEL = re.compile(r"gemm|cublas|cutlass|xmma|matmul", re.IGNORECASE)
+GEMM_KERNEL = re.compile(r"gemm|cublas|cutlass|xmma|nvjet|matmul", re.IGNORECASE)  # nvjet: cuBLAS on Hopper
 ATTENTION_KERNEL = re.compile(r"fmha|flash|dot_product_attention", re.IGNORECASE)
 
 
@@ -249,12 +249,16 @@ def time_by_kind(events: list, kinds: dict, steps: int) -> dict:
     covers), and the instructions that took longest; a CPU's thunks may overlap, so the kinds
     add up to more than their span there."""
     per_kind, per_op, spans = collections.Counter(), collections.Counter(), []
+    # XLA:GPU runs a command buffer's (a CUDA graph's) kernels under the buffer's name; each kernel is
+    # named after its instruction, with '_' for '.' and '-'
+    by_kernel = {re.sub(r"[.\-]", "_", name): name for name in kinds}
     for event in events:
-        kind, where = kinds[event.op] if event.op in kinds else (kind_of_unknown(event.name), "")
+        op = event.op if event.op in kinds else by_kernel.get(event.name)
+        kind, where = kinds[op] if op else (kind_of_unknown(event.name), "")
         if kind is None:
             continue
         per_kind[kind] += event.duration_ns
-        per_op[(event.op or event.name, kind, where)] += event.duration_ns
+        per_op[(op or event.name, kind, where)] += event.duration_ns
         spans.append((event.start_ns, event.start_ns + event.duration_ns))
     covered, end = 0.0, -float("inf")
     for start, stop in sorted(spans):
