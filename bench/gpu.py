@@ -13,7 +13,7 @@ the accelerator course's 64 x 512/114 (its first step from the process's start, 
 step time, peak memory, MFU against the chip's data-sheet peak beside the fraction of the matmul
 rate measured in the same process); `profile`: where small's and base's step time goes, by kind
 (bench/step_profile.py); the small step's variants, each a T5Config change (fused attention,
-no rematerialisation or the minimal policy where the course asks for "auto", unrolled layers)
+unrolled layers, both, or no rematerialisation where the course asks for "auto", minimal on a GPU)
 or another batch, and its compile again with the cache warm; transformers' step on the same weights and batch, eager and
 through `torch.compile`; an XLA flag; T5.1.1-base's step; greedy decoding at batch 8 and 64,
 then `generate` (tokens compared); small at the `fp32-gpu` profile's 32 x 256/58 in float32;
@@ -91,19 +91,22 @@ def plan(quick: bool = False) -> list[Phase]:
         Phase("train-small", "train", seconds(100, 60), 40, {**small, "save_for_hf": True}),
         Phase("profile", "profile", seconds(120, 60), 60, {**small, "models": {
             "small": "t5.1.1-tiny" if quick else "t5.1.1-small", "base": "t5.1.1-tiny" if quick else "t5.1.1-base"}}),
-        *gpu_only(variant("small-dot-product-attention", 35, attention="dot_product_attention")),
+        *gpu_only(variant("small-dot-product-attention", 35, attention="dot_product_attention"),
+                  variant("small-unrolled-dot-product-attention", 45, scan_layers=False,
+                          attention="dot_product_attention")),
         variant("small-remat-none", 35, remat_policy="none"),
         variant("small-unrolled", 45, scan_layers=False),
         Phase("compile-warm-cache", "compile", seconds(60, 30), 25, {"of": ["train-small", "small-unrolled"]},
               needs="small-unrolled"),
-        *gpu_only(Phase("small-rows-256", "train", 75, 40, {**small, "rows": 256}),
-                  variant("small-remat-minimal", 35, remat_policy="minimal")),
+        *gpu_only(Phase("small-rows-256", "train", 75, 40, {**small, "rows": 256})),
         Phase("hf-train-small", "hf_train", seconds(60, 40), 20, needs="train-small"),
         *gpu_only(Phase("hf-compile-small", "hf_train", 120, 90, {"compiled": True}, needs="train-small"),
                   Phase("small-xla-latency-hiding", "train", 75, 35,
                         {**small, "xla_flags": "--xla_gpu_enable_latency_hiding_scheduler=true"})),
         Phase("train-base", "train", seconds(60, 30), 30,
               {**small, "model": "t5.1.1-tiny" if quick else "t5.1.1-base"}),
+        *gpu_only(Phase("base-unrolled-dot-product-attention", "train", 90, 60, {
+            **small, "model": "t5.1.1-base", "config": {"scan_layers": False, "attention": "dot_product_attention"}})),
         Phase("decode", "decode", seconds(90, 30), 22, {  # float32 on a CPU: there transformers' tokens must be t5nb's
             "profile": course, "dtype": "float32" if quick else "bfloat16", "batches": [2, 8] if quick else [8, 64],
             "inputs": seconds(512, 64), "new_tokens": seconds(64, 8)}),
@@ -719,6 +722,7 @@ def main(argv=None):
     parser.add_argument("--make-curve-batches", action="store_true", help="write `curves`' batches (TensorFlow)")
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS, help="the results file's folder")
     parser.add_argument("--phase", help="one phase, in this process (as the call runs each, with --results, --work)")
+    parser.add_argument("--only", help="these phases (names, comma-separated), in this order, not the whole plan")
     parser.add_argument("--keep-freed-memory", action="store_true",
                         help="with --phase: t5nb.host.keep_freed_memory() first, not t5nb.tune_host()")
     parser.add_argument("--results", type=pathlib.Path, help=argparse.SUPPRESS)
@@ -729,6 +733,12 @@ def main(argv=None):
     if args.make_curve_batches:
         return make_curve_batches()
     phases = plan(args.quick)
+    if args.only:
+        by_name = {phase.name: phase for phase in phases}
+        unknown = [name for name in args.only.split(",") if name not in by_name]
+        if unknown:
+            parser.error(f"--only: no phase {', '.join(unknown)}; the plan's: {', '.join(by_name)}")
+        phases = [by_name[name] for name in args.only.split(",")]
     deadline = args.deadline or DEADLINE_S[args.quick]
     if args.dry_run:
         return print_plan(phases, deadline, args.quick)

@@ -36,7 +36,8 @@ def test_the_plan_runs_the_headline_first_and_each_peer_after_its_t5nb_phase(gpu
         if phase.framework == "transformers":
             assert phases[names.index(phase.needs)].framework == "t5nb", phase.name
     assert {"hf-train-small", "small-remat-none", "small-unrolled", "compile-warm-cache"} <= set(names)
-    assert quick or {"hf-compile-small", "small-dot-product-attention", "small-remat-minimal"} <= set(names)
+    assert quick or {"hf-compile-small", "small-dot-product-attention", "small-unrolled-dot-product-attention",
+                     "base-unrolled-dot-product-attention"} <= set(names)
     caps = [phase.settings["program"] for phase in phases if phase.kind == "cap"]
     assert caps == list(PROGRAMS) * (1 if quick else 2)
     assert [phase.name for phase in phases if phase.keep_freed_memory] == ["train-small-freed-memory-kept"]
@@ -89,6 +90,14 @@ def test_the_dry_run_prints_the_plan_and_starts_nothing():
     expected_end = int(lines[-1].split("the last ending by ")[1].split()[0])
     expected_to_run = [line.split()[1] for line in lines[:-1] if "expected: skipped" not in line]
     assert expected_end <= 470 and "hf-compile-small" in expected_to_run
+
+
+def test_only_runs_the_phases_it_names_in_its_order_and_refuses_a_name_not_in_the_plan():
+    command = [sys.executable, str(BENCH / "gpu.py"), "--dry-run", "--only"]
+    out = subprocess.run([*command, "train-base,train-small"], capture_output=True, text=True, check=True).stdout
+    assert [line.split()[1] for line in out.splitlines()[:-1]] == ["train-base", "train-small"]
+    refused = subprocess.run([*command, "train-small,train-tiny"], capture_output=True, text=True)
+    assert refused.returncode == 2 and "--only: no phase train-tiny; the plan's: train-small, profile," in refused.stderr
 
 
 def test_a_call_past_its_deadline_skips_every_phase_saying_so(tmp_path):
@@ -164,6 +173,25 @@ def test_a_gpu_profile_is_classed_by_each_kernels_instruction(step_profile):
                                           step_profile.IDLE: 135e-6})
     assert result["span_ms"] == pytest.approx(420e-6) and sum(result["share"].values()) == pytest.approx(1)
     assert kinds["loop_exponential_fusion"] == (step_profile.LOSS, "cross_entropy_with_z_loss")
+
+
+def test_a_command_buffers_kernels_are_classed_by_the_instructions_they_are_named_after(step_profile):
+    """XLA:GPU runs a CUDA graph's kernels as events of the command buffer (`hlo_op`
+    command_buffer_N), each kernel named after its instruction with '_' for '.' and '-'."""
+    import inspect
+    from t5nb import trainer
+
+    source, first = inspect.getsourcelines(trainer.cross_entropy_with_z_loss)
+    kinds = step_profile.op_kinds(gpu_program(first + len(source) - 1))
+    Event = step_profile.Event
+    events = [Event("command_buffer_3", "loop_exponential_fusion", 0, 50), Event("command_buffer_3", "copy_1", 50, 10),
+              Event("command_buffer_3", "nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT", 60, 100),
+              Event("command_buffer_3", "memcpy128", 160, 20)]
+    result = step_profile.time_by_kind(events, kinds, steps=1)
+    assert result["ms"] == pytest.approx({step_profile.LOSS: 50e-6, step_profile.COPIES: 30e-6,
+                                          step_profile.MATMULS: 100e-6})
+    assert [row["op"] for row in result["longest"]][:2] == ["nvjet_sm90_tst_128x128_64x6_2x1_v_bz_NNT",
+                                                            "loop_exponential_fusion"]
 
 
 def test_a_cpu_profile_finds_the_steps_matmuls_loss_optimizer_and_recompute(step_profile):

@@ -447,6 +447,8 @@ def test_auto_remat_runs_the_least_recomputation_whose_step_fits_the_chips_memor
     monkeypatch.setattr(trainer_lib, "memory_limit", lambda device: planned["minimal"] / trainer_lib.FITS)
     trainer = Trainer(config.replace(remat_policy="auto"), TrainConfig(learning_rate=1e-2))
     state, sums = trainer.train_step(trainer.init_state(), trainer.shard_batch(batch))
+    assert trainer_lib.remat_choices("gpu") == ("minimal", "full")  # a GPU never keeps every activation
+    assert trainer_lib.remat_choices("cpu") == trainer_lib.remat_choices("tpu") == trainer_lib.REMAT_CHOICES
     np.testing.assert_allclose(float(sums["loss"]), float(expected_sums["loss"]), rtol=1e-6)
     for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(expected.params)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-7)
