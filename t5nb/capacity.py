@@ -93,11 +93,13 @@ def fact_losses(model, task: str, batch_size: int = 512) -> dict:
 
 
 # -- the three measurements ----------------------------------------------------------------------
-def _closed_book_em(profile, init, name: str) -> float:
-    """Held-out-people exact match of `init` fine-tuned on the facts world's training questions."""
+def _closed_book_em(profile, init, name: str) -> dict:
+    """Held-out-people exact match of `init` fine-tuned on the facts world's training questions:
+    {"em", "examples": the questions it is on}."""
     _, result, metrics = finetune_and_evaluate(profile, QA, init, name=name, record=False, progress=False)
     print(f"{name}: fine-tuned on {QA} for {result.history[-1]['step']:,} steps; held-out-people EM {metrics['em']:.1f}%")
-    return metrics["em"]
+    step = int(result.state.step)
+    return {"em": metrics["em"], "examples": len(evaluate.read_predictions(result.model_dir, QA, step))}
 
 
 def _pretraining(profile, task: str, width: int):
@@ -120,18 +122,19 @@ def pretraining_comparison(profile) -> dict:
     width, table = profile.ssm_width, {}
     for label, task in PRETRAINING_OBJECTIVES.items():
         run, name, _ = _pretraining(profile, task, width)
-        table[label] = {"width": width, "steps": profile.knowledge_steps, "em": _closed_book_em(profile, run, name)}
+        table[label] = {"width": width, "steps": profile.knowledge_steps, **_closed_book_em(profile, run, name)}
     record_headline(ssm=table)
     return table
 
 
 def size_sweep(profile) -> dict:
     """Closed-book EM after the same span corruption + SSM pretraining, for each width of
-    `profile.knowledge_widths`: {width: parameter counts and "em"}; recorded as the headline `sizes`."""
+    `profile.knowledge_widths`: {width: parameter counts, "em" and its "examples"}; recorded as
+    the headline `sizes`."""
     table = {}
     for width in profile.knowledge_widths:
         run, name, config = _pretraining(profile, PRETRAINING, width)
-        table[width] = {**parameter_counts(config), "em": _closed_book_em(profile, run, name)}
+        table[width] = {**parameter_counts(config), **_closed_book_em(profile, run, name)}
     record_headline(sizes=table)
     return table
 

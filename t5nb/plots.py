@@ -108,7 +108,9 @@ def sample_efficiency(curve: dict, title: str | None = None):
     sizes = sorted(curve["runs"], key=int)
     for start in ("pretrained", "scratch"):
         axis.plot([int(n) for n in sizes], [curve["runs"][n][start] for n in sizes], marker="o", label=f"from {start}")
-    axis.set(xscale="log", xlabel="training examples", ylabel=f"held-out {curve['metric']}", title=title)
+    held_out = f"each point on {curve['examples']:,} held-out examples" if "examples" in curve else None
+    axis.set(xscale="log", xlabel="training examples", ylabel=f"held-out {curve['metric']}",
+             title="\n".join(part for part in (title, held_out) if part) or None)
     axis.legend()
     plt.close(figure)
     return figure
@@ -132,7 +134,9 @@ def em_against_parameters(sizes: dict):
     figure, axis = plt.subplots(figsize=(5.0, 3.4))
     rows = sorted(sizes.values(), key=lambda row: row["parameters"])
     axis.plot([row["parameters"] for row in rows], [row["em"] for row in rows], marker="o")
-    axis.set(xscale="log", xlabel="parameters", ylabel="held-out-people EM (%)", title="closed-book QA by model size")
+    questions = f" ({rows[0]['examples']:,} held-out questions)" if "examples" in rows[0] else ""
+    axis.set(xscale="log", xlabel="parameters", ylabel="held-out-people EM (%)",
+             title=f"closed-book QA by model size{questions}")
     plt.close(figure)
     return figure
 

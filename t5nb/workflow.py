@@ -186,17 +186,18 @@ def sample_efficiency(profile: Profile, init) -> dict:
     """The profile's fine-tuning task learned from its first N training examples, for each N of
     `profile.transfer_sizes` (`profile.transfer_steps` steps each), from `init` and from random
     initialisation, each scored on the whole validation split with the task's first metric:
-    `{"metric": name, "runs": {N: {"pretrained": score, "scratch": score}}}`, recorded as the
-    notebook's `transfer` headline."""
+    `{"metric": name, "runs": {N: {"pretrained": score, "scratch": score}}, "examples": how many
+    each score is on}`, recorded as the notebook's `transfer` headline."""
     runs, metric = {}, None
     for size in profile.transfer_sizes:
         subset = tasks.first_examples(profile.finetune_task, size)
         for name, start in (("pretrained", init), ("scratch", None)):
-            _, _, metrics = finetune_and_evaluate(profile, subset, start, name=name, num_steps=profile.transfer_steps,
-                                                  record=False)
+            _, result, metrics = finetune_and_evaluate(profile, subset, start, name=name,
+                                                       num_steps=profile.transfer_steps, record=False)
             metric = metric or next(iter(metrics))
             runs.setdefault(size, {})[name] = metrics[metric]
-    curve = {"metric": metric, "runs": runs}
+    examples = len(evaluate.read_predictions(result.model_dir, subset, int(result.state.step)))
+    curve = {"metric": metric, "runs": runs, "examples": examples}
     record_headline(transfer=curve)
     return curve
 

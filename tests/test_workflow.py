@@ -155,6 +155,8 @@ def test_the_sample_efficiency_curve_and_the_fine_tuning_methods_are_recorded(mo
     curve = workflow.sample_efficiency(profile, base.model_dir)
     assert curve["metric"] == "accuracy" and list(curve["runs"]) == profile.transfer_sizes
     assert all(set(scores) == {"pretrained", "scratch"} for scores in curve["runs"].values())
+    validation = sum(1 for _ in tasks.get_task(profile.finetune_task).source.get_dataset(split="validation"))
+    assert curve["examples"] == min(validation, profile.eval_examples or validation)
     for size in profile.transfer_sizes:  # each run trained on exactly its first N examples
         task = tasks.get_task(tasks.first_examples(profile.finetune_task, size))
         assert sum(1 for _ in task.source.get_dataset(split="train")) == size
