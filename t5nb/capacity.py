@@ -30,8 +30,8 @@ from t5nb.tasks import world
 from t5nb.tasks.offline import PRETRAINING, QA, SPAN_CORRUPTION
 from t5nb.train import run_recipe
 from t5nb.trainer import TrainConfig
-from t5nb.workflow import (finetune_and_evaluate, pretrained_checkpoint, pretraining_dir, pretraining_recipe,
-                           record_headline, runs_dir)
+from t5nb.workflow import (evaluated_examples, finetune_and_evaluate, pretrained_checkpoint, pretraining_dir,
+                           pretraining_recipe, record_headline, runs_dir)
 
 # The models of 06 are T5.1.1-mini's shape (3 + 3 layers, 2 heads, gated-GELU MLP) at another
 # width: mini is width 128.
@@ -98,8 +98,7 @@ def _closed_book_em(profile, init, name: str) -> dict:
     {"em", "examples": the questions it is on}."""
     _, result, metrics = finetune_and_evaluate(profile, QA, init, name=name, record=False, progress=False)
     print(f"{name}: fine-tuned on {QA} for {result.history[-1]['step']:,} steps; held-out-people EM {metrics['em']:.1f}%")
-    step = int(result.state.step)
-    return {"em": metrics["em"], "examples": len(evaluate.read_predictions(result.model_dir, QA, step))}
+    return {"em": metrics["em"], "examples": evaluated_examples(result, QA)}
 
 
 def _pretraining(profile, task: str, width: int):

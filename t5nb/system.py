@@ -91,11 +91,11 @@ def keep_compiled_programs() -> pathlib.Path:
     """Keep the programs JAX compiles (JAX's persistent compilation cache, `WholeEntries`) in
     `<runs_dir()>/compiled`, so that a later kernel (the next notebook, a rerun, `t5nb train`)
     loads them instead of compiling them again: minutes of XLA's compiler on an accelerator's
-    host. Input pipelines are kept in its `pipelines/` (`t5nb.tasks.kept_pipelines`). On Colab they stay on the runtime's disk (`COLAB_COMPILED`), even where runs go to Google
-    Drive: the cache locks and renames files, which a local disk does as it says (a network mount
-    need not); so a new runtime compiles them once again. A
-    folder set by `JAX_COMPILATION_CACHE_DIR` is kept; `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS`
-    overrides `CACHE_MIN_COMPILE_S`. JAX fixes the folder at its first compile after this call:
+    host; input pipelines are kept in its `pipelines/` (`t5nb.tasks.kept_pipelines`). On Colab
+    both stay on the runtime's disk (`COLAB_COMPILED`), even where runs go to Google Drive: the
+    cache locks and renames files, which a local disk does as it says (a network mount need
+    not); so a new runtime compiles them once again. A folder set by `JAX_COMPILATION_CACHE_DIR`
+    is kept; `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` overrides `CACHE_MIN_COMPILE_S`. JAX fixes the folder at its first compile after this call:
     called again with another folder, this says that the first stays in use until the process
     restarts. Returns the folder in use."""
     folder = pathlib.Path(os.environ.get("JAX_COMPILATION_CACHE_DIR")

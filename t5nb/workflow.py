@@ -178,8 +178,13 @@ def finetune_and_evaluate(profile: Profile, task, init, name: str, on_log=None, 
                                   max_examples=profile.eval_examples)
     if record:
         record_headline(**{name: {**metrics, "final_loss": result.history[-1]["loss"],
-                                  "examples": len(evaluate.read_predictions(result.model_dir, task, step))}})
+                                  "examples": evaluated_examples(result, task)}})
     return trainer, result, metrics
+
+
+def evaluated_examples(result, task) -> int:
+    """How many examples `finetune_and_evaluate` decoded and scored for the run `result`."""
+    return len(evaluate.read_predictions(result.model_dir, task, int(result.state.step)))
 
 
 def sample_efficiency(profile: Profile, init) -> dict:
@@ -196,8 +201,7 @@ def sample_efficiency(profile: Profile, init) -> dict:
                                                        num_steps=profile.transfer_steps, record=False)
             metric = metric or next(iter(metrics))
             runs.setdefault(size, {})[name] = metrics[metric]
-    examples = len(evaluate.read_predictions(result.model_dir, subset, int(result.state.step)))
-    curve = {"metric": metric, "runs": runs, "examples": examples}
+    curve = {"metric": metric, "runs": runs, "examples": evaluated_examples(result, subset)}
     record_headline(transfer=curve)
     return curve
 
