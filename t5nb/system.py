@@ -95,9 +95,9 @@ def keep_compiled_programs() -> pathlib.Path:
     both stay on the runtime's disk (`COLAB_COMPILED`), even where runs go to Google Drive: the
     cache locks and renames files, which a local disk does as it says (a network mount need
     not); so a new runtime compiles them once again. A folder set by `JAX_COMPILATION_CACHE_DIR`
-    is kept; `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` overrides `CACHE_MIN_COMPILE_S`. JAX fixes the folder at its first compile after this call:
-    called again with another folder, this says that the first stays in use until the process
-    restarts. Returns the folder in use."""
+    is kept; `JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS` overrides `CACHE_MIN_COMPILE_S`. JAX
+    fixes the folder at its first compile after this call: called again with another folder,
+    this says that the first stays in use until the process restarts. Returns the folder in use."""
     folder = pathlib.Path(os.environ.get("JAX_COMPILATION_CACHE_DIR")
                           or (COLAB_COMPILED if in_colab() else runs_dir() / "compiled"))
     in_use = getattr(compilation_cache._cache, "path", None)
