@@ -8,12 +8,14 @@ PY := $(VENV)/bin/python
 # CPU build) are passed on.
 UV_VERSION := $(shell sed -n 's/^uv==//p' requirements/test.lock)
 PIP := $(VENV)/bin/uv pip install -q --python $(PY) --no-deps $(foreach links,$(PIP_FIND_LINKS),--find-links $(links))
-# Bytecode for every installed module, compiled once on all cores: on a machine that sets
-# PYTHONDONTWRITEBYTECODE, every process that imports TensorFlow, JAX and the rest would
-# otherwise compile them from source (a small `t5nb train` run: 21 s with it, 32 s
-# without, on a 2-core AMD EPYC). Like pip's compile step, it skips a file of another Python's
-# syntax (torch ships one for 3.12).
-COMPILE := $(PY) -m compileall -qq -j 0 $(VENV)/lib
+# Bytecode: make's commands write the bytecode of what they import, each module compiled once by
+# the first process that imports it; where the environment sets PYTHONDONTWRITEBYTECODE, every
+# process would otherwise compile TensorFlow, JAX and the rest from source (a small `t5nb train`
+# run: 21 s with bytecode, 32 s without, on a 2-core AMD EPYC). Setup compiles what t5nb imports.
+# Compiling every installed module instead (compileall: 23,000 files, most never imported) took
+# 89 CPU s of `make test`'s setup.
+export PYTHONDONTWRITEBYTECODE :=
+COMPILE := $(PY) -c "import t5nb.cli, t5nb.plots, t5nb.widgets, t5nb.workflow"
 # Identical programs (a test's worker processes, a notebook's two fine-tunings) compile once.
 export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
 # every compiled program, not only those over JAX's default of 1 s: the tests' and notebooks'
@@ -31,13 +33,12 @@ $(VENV)/.base: requirements/base.lock pyproject.toml
 	$(PIP) -r requirements/base.lock
 	$(PIP) --no-build-isolation -e .
 	$(PY) -m pip check
-	$(COMPILE) || true
+	$(COMPILE)
 	touch $@
 
 $(VENV)/.test: $(VENV)/.base requirements/test.lock
 	$(PIP) -r requirements/test.lock
 	$(PY) -m pip check
-	$(COMPILE) || true
 	touch $@
 
 # The main job: the whole course, headless, on this machine's default profile. To publish its
@@ -64,13 +65,20 @@ REHEARSAL_LOG := $(CURDIR)/runs/test-rehearsal.log
 # slowest cell takes about 2 minutes (2-core AMD EPYC), nbval's default limit is 2000 s.
 CELL_TIMEOUT := --nbval-cell-timeout=600
 WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
+# The rehearsal runs where T5NB_DATA_DIR holds the official vocabulary (t5nb.tasks.vocab's
+# OFFICIAL_SPM_NAME), writing the stand-ins first, while pytest starts.
+OFFICIAL_VOCABULARY := $${T5NB_DATA_DIR:-../shared/data}/vocab/cc_all.32000.sentencepiece.model
+# XLA compiles the tests' and notebooks' many small programs, most of which run a few steps,
+# with little optimization (JAX's jax_disable_most_optimizations: LLVM at -O0, its costly passes
+# off): compiling costs them more than running. A clean clone's `make test`: 2,298 CPU s with it,
+# 2,591 without (2-core AMD EPYC).
+test: export JAX_DISABLE_MOST_OPTIMIZATIONS ?= 1
 test: $(VENV)/.test
 	rm -rf runs/test-ci $(REHEARSAL) $(REHEARSAL_LOG)* $(STANDINS)
-	$(PY) tests/standins.py $(STANDINS)
-	@if [ -f $(STANDINS)/hf/google/t5-v1_1-small/spiece.model ]; then \
-	  (T5NB_PROFILE=rehearsal T5NB_STANDINS=$(STANDINS) T5NB_RUNS_DIR=$(REHEARSAL) \
-	   XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest notebooks --nbval-lax --nbval-current-env $(CELL_TIMEOUT) \
-	   --durations=10 > $(REHEARSAL_LOG) 2>&1; echo $$? > $(REHEARSAL_LOG).status) & \
+	@if [ -f "$(OFFICIAL_VOCABULARY)" ]; then \
+	  ({ $(PY) tests/standins.py $(STANDINS) && T5NB_PROFILE=rehearsal T5NB_STANDINS=$(STANDINS) T5NB_RUNS_DIR=$(REHEARSAL) \
+	   XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest notebooks --nbval-lax --nbval-current-env \
+	   $(CELL_TIMEOUT) --durations=10; } > $(REHEARSAL_LOG) 2>&1; echo $$? > $(REHEARSAL_LOG).status) & \
 	  in_rehearsal_only=--ignore=notebooks/06_knowledge_capacity.ipynb; \
 	else in_rehearsal_only=; echo "rehearsal skipped: no official T5 vocabulary in T5NB_DATA_DIR ($${T5NB_DATA_DIR:-../shared/data})" \
 	  | tee $(REHEARSAL_LOG); echo 0 > $(REHEARSAL_LOG).status; fi; \

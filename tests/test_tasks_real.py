@@ -118,3 +118,11 @@ def test_gutenberg_through_span_corruption_with_the_official_vocabulary():
     assert batch["encoder_input_tokens"].shape == (2, 512) and batch["decoder_target_tokens"].shape == (2, 114)
     assert batch["encoder_input_tokens"].max() >= 32000  # sentinels <extra_id_n> from the top of the vocab
     assert batch["encoder_segment_ids"].max() >= 1
+
+
+def test_make_test_rehearses_where_the_official_vocabulary_is_where_t5nb_reads_it():
+    from t5nb.paths import REPO_ROOT
+    from t5nb.tasks import vocab
+
+    rehearsal_needs = "$${T5NB_DATA_DIR:-../shared/data}/" + vocab.OFFICIAL_SPM_NAME  # the Makefile's shell words
+    assert f"OFFICIAL_VOCABULARY := {rehearsal_needs}\n" in (REPO_ROOT / "Makefile").read_text()
