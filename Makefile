@@ -75,6 +75,7 @@ OFFICIAL_VOCABULARY := $${T5NB_DATA_DIR:-../shared/data}/vocab/cc_all.32000.sent
 test: export JAX_DISABLE_MOST_OPTIMIZATIONS ?= 1
 test: $(VENV)/.test
 	rm -rf runs/test-ci $(REHEARSAL) $(REHEARSAL_LOG)* $(STANDINS)
+	mkdir -p runs
 	@if [ -f "$(OFFICIAL_VOCABULARY)" ]; then \
 	  ({ $(PY) tests/standins.py $(STANDINS) && T5NB_PROFILE=rehearsal T5NB_STANDINS=$(STANDINS) T5NB_RUNS_DIR=$(REHEARSAL) \
 	   XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest notebooks --nbval-lax --nbval-current-env \
