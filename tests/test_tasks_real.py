@@ -7,7 +7,8 @@ import pytest
 
 import t5nb.tasks as tasks
 from t5nb import remote
-from t5nb.tasks import real
+from t5nb.paths import REPO_ROOT
+from t5nb.tasks import real, vocab
 from t5nb.tasks.real import read_triviaqa_jsonl
 from standins import write_standins
 
@@ -121,8 +122,5 @@ def test_gutenberg_through_span_corruption_with_the_official_vocabulary():
 
 
 def test_make_test_rehearses_where_the_official_vocabulary_is_where_t5nb_reads_it():
-    from t5nb.paths import REPO_ROOT
-    from t5nb.tasks import vocab
-
     rehearsal_needs = "$${T5NB_DATA_DIR:-../shared/data}/" + vocab.OFFICIAL_SPM_NAME  # the Makefile's shell words
     assert f"OFFICIAL_VOCABULARY := {rehearsal_needs}\n" in (REPO_ROOT / "Makefile").read_text()
