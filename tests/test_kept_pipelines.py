@@ -1,6 +1,7 @@
 """Input pipelines kept as graphs (`t5nb.tasks.kept_pipelines`): loaded, they yield what a built
 one yields and resume from its checkpoints; their names change with whatever they are built
-from; a task with a preprocessor of its user's is never kept; a damaged entry is built again."""
+from; a task with a preprocessor of its user's is never kept; a damaged entry is built again.
+Token lengths and validation batches are kept as arrays the same way."""
 import json
 
 import numpy as np
@@ -127,3 +128,24 @@ def test_without_a_folder_for_compiled_programs_nothing_is_kept():
         assert kept_pipelines.key(tasks.get_task("facts_qa"), {}) is None
     finally:
         jax.config.update("jax_compilation_cache_dir", folder)
+
+
+def test_token_lengths_and_validation_batches_are_computed_once_and_loaded_after(kept):
+    folder, built = kept
+    lengths = tasks.token_lengths("facts_qa", "validation", None, 50)
+    [lengths_entry] = folder.glob("*.arrays")
+    batches = tasks.validation_batches("facts_span_corruption", LENGTHS, 4, 3)
+    [batches_entry] = set(folder.glob("*.arrays")) - {lengths_entry}
+    assert len(batches) == 3
+    built.clear()
+    again = tasks.token_lengths("facts_qa", "validation", None, 50)
+    assert again.keys() == lengths.keys() == {"inputs", "targets"} and len(again["inputs"]) == 50
+    assert all(np.array_equal(again[k], lengths[k]) and again[k].dtype == lengths[k].dtype for k in lengths)
+    assert _same(tasks.validation_batches("facts_span_corruption", LENGTHS, 4, 3), batches)
+    assert built == []  # both loaded
+    assert len(tasks.token_lengths("facts_qa", "validation", None, 20)["inputs"]) == 20 and built == ["facts_qa"]
+    batches_entry.write_bytes(batches_entry.read_bytes()[:100])
+    with pytest.warns(UserWarning, match=rf"{batches_entry.name}: not kept arrays \(.*\), computed again"):
+        assert _same(tasks.validation_batches("facts_span_corruption", LENGTHS, 4, 3), batches)
+    built.clear()
+    assert _same(tasks.validation_batches("facts_span_corruption", LENGTHS, 4, 3), batches) and built == []

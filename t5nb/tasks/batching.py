@@ -61,9 +61,14 @@ def get_dataset(task, feature_lengths: dict, batch_size: int, *, split: str = "t
 
 def validation_batches(task, feature_lengths: dict, batch_size: int, num_batches: int) -> list[dict]:
     """A fixed sample for a validation curve: the first `num_batches` numpy batches of `task`'s
-    validation split, unshuffled, the same in every run (fewer if the split is shorter)."""
-    batches = BatchIterator(task, feature_lengths, batch_size, split="validation", shuffle=False, num_epochs=1)
-    return list(itertools.islice(batches, num_batches))
+    validation split, unshuffled, the same in every run (fewer if the split is shorter); kept
+    beside the pipelines (`kept_pipelines.kept_arrays`)."""
+    def first_batches():
+        batches = BatchIterator(task, feature_lengths, batch_size, split="validation", shuffle=False, num_epochs=1)
+        return list(itertools.islice(batches, num_batches))
+
+    settings = dict(feature_lengths=dict(feature_lengths), batch_size=batch_size, num_batches=num_batches)
+    return kept_pipelines.kept_arrays(get_task(task), {"validation_batches": settings}, first_batches)
 
 
 def examples_digest(task) -> str | None:

@@ -19,6 +19,7 @@ import numpy as np
 import seqio
 import tensorflow as tf
 
+from t5nb.tasks import kept_pipelines
 from t5nb.tasks.batching import is_pretraining
 from t5nb.tasks.pieces import add_task, get_task
 
@@ -257,17 +258,23 @@ def register_task(name: str, files, *, fields: dict | None = None, file_format: 
 
 def token_lengths(task, split: str = "train", feature_lengths: dict | None = None,
                   max_examples: int = 10_000) -> dict:
-    """Untrimmed token length of each feature of (at most `max_examples`) preprocessed examples."""
+    """Untrimmed token length of each feature of (at most `max_examples`) preprocessed examples;
+    kept beside the pipelines (`kept_pipelines.kept_arrays`)."""
     task = get_task(task)
     # Span corruption needs its lengths to cut the text, so it never truncates; others untrimmed.
     lengths_to_apply = feature_lengths if is_pretraining(task) else None
-    dataset = task.get_dataset(lengths_to_apply, split=split, shuffle=False, trim_output_features=False)
-    lengths = {feature: [] for feature in task.output_features}
-    for example in dataset.take(max_examples).as_numpy_iterator():
-        for feature in lengths:
-            if feature in example:
-                lengths[feature].append(len(example[feature]))
-    return {feature: np.array(values) for feature, values in lengths.items() if values}
+
+    def measure():
+        dataset = task.get_dataset(lengths_to_apply, split=split, shuffle=False, trim_output_features=False)
+        lengths = {feature: [] for feature in task.output_features}
+        for example in dataset.take(max_examples).as_numpy_iterator():
+            for feature in lengths:
+                if feature in example:
+                    lengths[feature].append(len(example[feature]))
+        return [{feature: np.array(values) for feature, values in lengths.items() if values}]
+
+    settings = dict(split=split, feature_lengths=lengths_to_apply, max_examples=max_examples)
+    return kept_pipelines.kept_arrays(task, {"token_lengths": settings}, measure)[0]
 
 
 def warn_if_cut(task, split: str, feature_lengths: dict, raise_with: dict, max_examples: int | None = 1000) -> dict:

@@ -17,18 +17,24 @@ changed input is a new entry, never a stale one:
 
 The graph holds every function of the pipeline, so a loaded pipeline yields the batches a built
 one yields, and their iterator checkpoints are interchangeable (tests/test_kept_pipelines.py).
+
+What a pipeline yields can be kept the same way (`kept_arrays`): the token lengths that every
+fine-tuning run measures, and the fixed validation batches, computed once and loaded after.
 """
 import contextlib
 import functools
 import hashlib
 import importlib.metadata
+import io
 import json
 import pathlib
 import uuid
 import warnings
+import zipfile
 
 import gin
 import jax
+import numpy as np
 import seqio
 import tensorflow as tf
 from google.protobuf.message import DecodeError
@@ -37,6 +43,7 @@ from tensorflow.core.framework import graph_pb2, types_pb2
 from t5nb.files import write_atomically
 
 MAX_BYTES = 256 * 2**20  # the oldest used go first beyond it (an entry is 0.1 to 2 MB)
+SUFFIXES = (".pipeline", ".arrays")  # a kept pipeline, and what one yielded (`kept_arrays`)
 OWN_MODULES = ("t5nb.", "seqio.", "t5.")  # whose preprocessors a key can name
 PACKAGES = ("tensorflow", "tensorflow-text", "seqio-nightly", "t5")
 TASK_CODE = pathlib.Path(__file__).parent  # t5nb/tasks: every built-in source and preprocessor
@@ -156,10 +163,40 @@ def keep(name: str, dataset: tf.data.Dataset) -> None:
     _prune()
 
 
+def kept_arrays(task, settings: dict, compute) -> list[dict]:
+    """`compute()`, a list of {name: numpy array} computed from `task`'s data with `settings`,
+    kept as the entry that `key(task, settings)` names and loaded, not computed, next time;
+    computed each time where `key` is None."""
+    name = key(task, settings)
+    if name is None:
+        return compute()
+    path = folder() / f"{name}.arrays"
+    try:
+        with np.load(path) as stored:
+            rows = [{} for _ in range(int(stored["rows"]))]
+            for entry in (entry for entry in stored.files if entry != "rows"):
+                row, array_name = entry.split("/", 1)
+                rows[int(row)][array_name] = stored[entry]
+        path.touch()  # used: kept longest
+        return rows
+    except FileNotFoundError:
+        pass
+    except (ValueError, OSError, EOFError, KeyError, IndexError, zipfile.BadZipFile) as error:  # damaged
+        warnings.warn(f"{path}: not kept arrays ({type(error).__name__}), computed again", stacklevel=3)
+    rows = compute()
+    buffer = io.BytesIO()
+    np.savez(buffer, rows=len(rows), **{f"{i}/{array_name}": value for i, row in enumerate(rows)
+                                        for array_name, value in row.items()})
+    folder().mkdir(parents=True, exist_ok=True)
+    write_atomically(path, buffer.getvalue())
+    _prune()
+    return rows
+
+
 def _prune() -> None:
     """Remove the entries used longest ago beyond MAX_BYTES (another process may remove some too)."""
     entries = []
-    for entry in folder().glob("*.pipeline"):
+    for entry in (entry for entry in folder().iterdir() if entry.suffix in SUFFIXES):
         with contextlib.suppress(FileNotFoundError):
             stat = entry.stat()
             entries.append((stat.st_mtime, stat.st_size, entry))
