@@ -2,6 +2,7 @@
 `Validation` and `Saving`, resuming from a run's checkpoints and stopping cleanly on a signal;
 `run_recipe` trains as a recipe says (`t5nb train` and the course's workflow both call it)."""
 import dataclasses
+import functools
 import json
 import math
 import pathlib
@@ -45,8 +46,14 @@ def _utilisation(trainer: Trainer) -> tuple[str, float]:
     (a CPU), this machine's float32 matmul rate, measured (`matmul_rate_fraction`)."""
     chip, chips = chip_of(trainer.mesh.devices.flat[0]), trainer.mesh.devices.size
     if chip is None:
-        return "matmul_rate_fraction", time_matmul(1024) * chips
+        return "matmul_rate_fraction", _matmul_rate() * chips
     return "mfu", chip.peak(trainer.model_config.dtype) * chips
+
+
+@functools.cache
+def _matmul_rate() -> float:
+    """This machine's float32 matmul rate, measured once in a process (its runs share it)."""
+    return time_matmul(1024)
 
 
 @dataclasses.dataclass

@@ -50,6 +50,20 @@ def test_real_sources_keep_every_answer_and_the_recipes(use_standins):
     assert rates == {name: tasks.get_task(name).num_input_examples("train") for name in rates}  # by size
 
 
+def test_remote_rows_are_kept_by_their_splits_digest_up_to_a_bound_and_c4_never(use_standins, tmp_path, monkeypatch):
+    from t5nb.tasks import kept_pipelines
+
+    monkeypatch.setattr(kept_pipelines, "folder", lambda: tmp_path)
+    qa = tasks.get_task("closed_book_qa_byte")
+    assert kept_pipelines.key(qa, {"split": "validation"}) not in (None, kept_pipelines.key(qa, {"split": "train"}))
+    expected = next(tasks.BatchIterator(qa, LENGTHS, 2, seed=1))
+    assert len(list(tmp_path.glob("*.pipeline"))) == 1
+    assert all(np.array_equal(v, expected[k]) for k, v in next(tasks.BatchIterator(qa, LENGTHS, 2, seed=1)).items())
+    assert kept_pipelines.key(tasks.get_task("c4_span_corruption_byte"), {"split": "train"}) is None  # no digest
+    monkeypatch.setattr(kept_pipelines, "MAX_EXAMPLES_BYTES", 100)
+    assert kept_pipelines.key(qa, {"split": "validation"}) is None  # too large to hold in a kept graph
+
+
 def test_missing_standin_names_the_url_and_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setenv(remote.STANDINS_ENV, str(tmp_path))
     with pytest.raises(remote.SourceUnreachable, match=r"hf://datasets/wmt/wmt14/de-en/validation-00000-of-00001.parquet: "

@@ -111,10 +111,15 @@ def model_from_params(config: T5Config, params: dict) -> Transformer:
     return model
 
 
+@jax.jit
+def _all_finite(params: dict) -> dict:
+    return {path: jnp.all(jnp.isfinite(value)) for path, value in params.items()}
+
+
 def warn_if_not_finite(model: Transformer, source) -> None:
     """Warn, naming them, about parameters of `model` (loaded from `source`) holding NaN or infinity."""
-    bad = [path for path, value in flatten(params_of(model)).items()
-           if not bool(jnp.all(jnp.isfinite(value)))]
+    finite = jax.device_get(_all_finite(flatten(params_of(model))))  # one program for every parameter
+    bad = [path for path, ok in finite.items() if not ok]
     if bad:
         more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
         warnings.warn(f"{source}: NaN or infinite values in {len(bad)} parameter(s): {', '.join(bad[:3])}{more}",

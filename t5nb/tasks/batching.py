@@ -68,7 +68,8 @@ def validation_batches(task, feature_lengths: dict, batch_size: int, num_batches
         return list(itertools.islice(batches, num_batches))
 
     settings = dict(feature_lengths=dict(feature_lengths), batch_size=batch_size, num_batches=num_batches)
-    return kept_pipelines.kept_arrays(get_task(task), {"validation_batches": settings}, first_batches)
+    return kept_pipelines.kept_arrays(get_task(task), {"split": "validation", "validation_batches": settings},
+                                      first_batches)
 
 
 def examples_digest(task) -> str | None:

@@ -197,7 +197,8 @@ def _split(examples: list, split_ratio: float, seed: int) -> dict:
 
 def in_memory_source(examples_by_split: dict) -> seqio.FunctionDataSource:
     """A seqio source over examples already in memory, one list per split; its `examples_digest`
-    tells whether two sources hold the same examples (a data file changed under a run)."""
+    tells whether two sources hold the same examples (a data file changed under a run), and
+    `examples_bytes` how large they are as JSON."""
 
     def dataset_fn(split, shuffle_files, seed=None):
         examples = examples_by_split[split]
@@ -212,6 +213,7 @@ def in_memory_source(examples_by_split: dict) -> seqio.FunctionDataSource:
     )
     text = json.dumps(examples_by_split, sort_keys=True, ensure_ascii=False, default=str)
     source.examples_digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+    source.examples_bytes = len(text)
     return source
 
 
@@ -273,8 +275,8 @@ def token_lengths(task, split: str = "train", feature_lengths: dict | None = Non
                     lengths[feature].append(len(example[feature]))
         return [{feature: np.array(values) for feature, values in lengths.items() if values}]
 
-    settings = dict(split=split, feature_lengths=lengths_to_apply, max_examples=max_examples)
-    return kept_pipelines.kept_arrays(task, {"token_lengths": settings}, measure)[0]
+    settings = dict(feature_lengths=lengths_to_apply, max_examples=max_examples)
+    return kept_pipelines.kept_arrays(task, {"split": split, "token_lengths": settings}, measure)[0]
 
 
 def warn_if_cut(task, split: str, feature_lengths: dict, raise_with: dict, max_examples: int | None = 1000) -> dict:

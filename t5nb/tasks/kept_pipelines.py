@@ -7,10 +7,10 @@ corruption's pipeline takes 5 to 7 s of one CPU core, every process (2-core AMD 
 
 A pipeline is kept only where everything it is built from is known by its digest, so that a
 changed input is a new entry, never a stale one:
-- the task's examples (`examples_digest`: the facts world, your own data files), its splits,
-  vocabularies (their model files' bytes) and preprocessors, which must be t5nb's, seqio's or
-  T5's own functions (with their arguments); a task with a preprocessor of yours is built each
-  time;
+- the task's examples (`examples_digest`: the facts world, your own data files; a remote
+  source's `split_digest`, up to MAX_EXAMPLES_BYTES), its splits, vocabularies (their model
+  files' bytes) and preprocessors, which must be t5nb's, seqio's or T5's own functions (with
+  their arguments); a task with a preprocessor of yours is built each time;
 - `get_dataset`'s settings, TensorFlow's, seqio's and T5's versions, t5nb's task code, and gin's
   bindings;
 - a pipeline without external state (tf.data's own check when it is serialized).
@@ -43,6 +43,9 @@ from tensorflow.core.framework import graph_pb2, types_pb2
 from t5nb.files import write_atomically
 
 MAX_BYTES = 256 * 2**20  # the oldest used go first beyond it (an entry is 0.1 to 2 MB)
+# a remote source's examples, read into memory, beyond which its pipelines are not kept: their
+# graph holds the examples (WMT's 1.5 M training pairs would make it hundreds of MB)
+MAX_EXAMPLES_BYTES = 16 * 2**20
 SUFFIXES = (".pipeline", ".arrays")  # a kept pipeline, and what one yielded (`kept_arrays`)
 OWN_MODULES = ("t5nb.", "seqio.", "t5.")  # whose preprocessors a key can name
 PACKAGES = ("tensorflow", "tensorflow-text", "seqio-nightly", "t5")
@@ -92,11 +95,12 @@ def _vocabulary(vocabulary) -> str:
     return f"{type(vocabulary).__qualname__} {vocabulary.extra_ids} {hashlib.sha256(model).hexdigest()}"
 
 
-def _task(task) -> dict:
-    """What a task's pipeline is built from; ValueError where something is unknown."""
+def _task(task, split: str | None) -> dict:
+    """What a task's pipeline of `split` is built from; ValueError where something is unknown."""
     if isinstance(task, seqio.Mixture):
-        return {"mixture": task.name, "tasks": [(_task(t), _value(task.get_rate(t))) for t in task.tasks]}
-    digest = getattr(task.source, "examples_digest", None)
+        return {"mixture": task.name, "tasks": [(_task(t, split), _value(task.get_rate(t))) for t in task.tasks]}
+    source = task.source
+    digest = source.split_digest(split) if hasattr(source, "split_digest") else getattr(source, "examples_digest", None)
     if digest is None:
         raise ValueError(f"task {task.name!r}'s examples have no digest")
     return {"task": task.name, "examples": digest, "splits": sorted(task.source.splits),
@@ -106,12 +110,12 @@ def _task(task) -> dict:
 
 
 def key(task, settings: dict) -> str | None:
-    """The entry's name for `task`'s pipeline with `get_dataset`'s `settings`, or None where it
-    is not kept (no folder, or something it is built from has no digest)."""
+    """The entry's name for `task`'s pipeline with `get_dataset`'s `settings` (their `split`), or
+    None where it is not kept (no folder, or something it is built from has no digest)."""
     if folder() is None:
         return None
     try:
-        described = _task(task)
+        described = _task(task, settings.get("split"))
     except ValueError:
         return None
     text = json.dumps([described, settings, _code_digest(), gin.config_str()], sort_keys=True, default=repr)
@@ -164,9 +168,9 @@ def keep(name: str, dataset: tf.data.Dataset) -> None:
 
 
 def kept_arrays(task, settings: dict, compute) -> list[dict]:
-    """`compute()`, a list of {name: numpy array} computed from `task`'s data with `settings`,
-    kept as the entry that `key(task, settings)` names and loaded, not computed, next time;
-    computed each time where `key` is None."""
+    """`compute()`, a list of {name: numpy array} computed from `task`'s data with `settings`
+    (their `split`), kept as the entry that `key(task, settings)` names and loaded, not
+    computed, next time; computed each time where `key` is None."""
     name = key(task, settings)
     if name is None:
         return compute()

@@ -23,6 +23,7 @@ import t5.data
 import tensorflow as tf
 
 from t5nb import remote
+from t5nb.tasks import kept_pipelines
 from t5nb.tasks.custom import in_memory_source, read_examples
 from t5nb.tasks.pieces import add_mixture, add_task
 from t5nb.tasks.world import QA_PREFIX
@@ -69,11 +70,21 @@ class RemoteRowsSource(RemoteFilesSource):
     def _examples(self, split: str, standins) -> list[dict]:
         return [example for url in self.urls[split] for example in self.read(remote.fetch(url))]
 
+    def split_digest(self, split: str) -> str | None:
+        """What the split's examples hash to, so that the pipelines reading them are kept
+        (`kept_pipelines`); None where they are too large to keep in a pipeline's graph."""
+        source = self._source(split, remote.standins_dir())
+        return source.examples_digest if source.examples_bytes <= kept_pipelines.MAX_EXAMPLES_BYTES else None
+
+    @functools.cache
+    def _source(self, split: str, standins):
+        return in_memory_source({split: self._examples(split, standins)})
+
     def num_input_examples(self, split: str) -> int:
         return len(self.examples(split))
 
     def get_dataset(self, split="train", shuffle=True, seed=None, shard_info=None, **unused):
-        dataset = in_memory_source({split: self.examples(split)}).get_dataset(split, shuffle=False)
+        dataset = self._source(split, remote.standins_dir()).get_dataset(split, shuffle=False)
         if shard_info:
             dataset = dataset.shard(shard_info.num_shards, shard_info.index)
         return dataset.shuffle(min(len(self.examples(split)), 100_000), seed=seed) if shuffle else dataset
