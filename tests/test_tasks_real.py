@@ -64,6 +64,58 @@ def test_remote_rows_are_kept_by_their_splits_digest_up_to_a_bound_and_c4_never(
     assert kept_pipelines.key(qa, {"split": "validation"}) is None  # too large to hold in a kept graph
 
 
+# every preprocessor t5nb runs without AutoGraph (tasks.pieces.without_autograph): each objective,
+# the real tasks' own (rekey, translate), a mixture, and seqio's feature converter packed and not
+EVERY_BUILT_IN_PREPROCESSOR = ["facts_pretraining", "facts_span_corruption", "facts_qa", "facts_fact_check",
+                               "c4_span_corruption_byte", "wmt14_ende_byte", "closed_book_qa_byte"]
+
+
+@pytest.mark.parametrize("name", EVERY_BUILT_IN_PREPROCESSOR)
+def test_built_in_tasks_batch_the_same_without_autograph_as_with_it(use_standins, monkeypatch, name):
+    """seqio's and T5's functions that t5nb's objectives map over branch and loop on no tensor,
+    so traced as written they yield what AutoGraph's rewrite of them yields, batch for batch."""
+    import tensorflow as tf
+
+    from t5nb.tasks import batching, kept_pipelines
+
+    monkeypatch.setattr(kept_pipelines, "folder", lambda: None)  # built both times, never loaded
+
+    def batches():
+        dataset = batching.get_dataset(name, LENGTHS, 4, seed=5, try_in_mem_cache=False)
+        return [{k: v.numpy() for k, v in batch.items()} for batch in dataset.take(3)]
+
+    without = batches()
+    converted = []  # what t5nb traced as written in `without`, now left to AutoGraph
+    monkeypatch.setattr(tf.autograph.experimental, "do_not_convert", lambda fn: converted.append(fn) or fn)
+    with_autograph = batches()
+    assert converted and len(without) == len(with_autograph) == 3
+    for ours, autographs in zip(without, with_autograph):
+        assert ours.keys() == autographs.keys() and all(np.array_equal(ours[k], autographs[k]) for k in ours)
+
+
+def test_a_preprocessor_of_yours_keeps_autograph():
+    """A Python `if` on a tensor, which only AutoGraph turns into graph control flow."""
+    import seqio
+    import tensorflow as tf
+
+    from t5nb.tasks import custom, pieces
+
+    @seqio.map_over_dataset
+    def shout_long_answers(example):
+        if tf.strings.length(example["targets"]) > 3:
+            example = {**example, "targets": tf.strings.upper(example["targets"])}
+        return example
+
+    source = custom.in_memory_source({"train": [{"inputs": "q", "targets": answer} for answer in ("yes", "maybe")]})
+    task = pieces.add_task("shouting_long_answers", source, objective="supervised", vocabulary="byte",
+                           extra_preprocessors=[shout_long_answers])
+    try:
+        examples = list(task.get_dataset(None, shuffle=False, num_epochs=1).as_numpy_iterator())
+        assert [e["targets_pretokenized"] for e in examples] == [b"yes", b"MAYBE"]
+    finally:
+        seqio.TaskRegistry.remove("shouting_long_answers")
+
+
 def test_missing_standin_names_the_url_and_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setenv(remote.STANDINS_ENV, str(tmp_path))
     with pytest.raises(remote.SourceUnreachable, match=r"hf://datasets/wmt/wmt14/de-en/validation-00000-of-00001.parquet: "

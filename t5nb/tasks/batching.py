@@ -52,7 +52,10 @@ def get_dataset(task, feature_lengths: dict, batch_size: int, *, split: str = "t
                                num_epochs=num_epochs, try_in_mem_cache=try_in_mem_cache)
     dataset = dataset.map(lambda example: {k: v for k, v in example.items() if k in feature_lengths})  # the
     # text the model never sees (`*_pretokenized`, `answers`), which the packing converter warns about
-    dataset = seqio.EncDecFeatureConverter(pack=pack)(dataset, task_feature_lengths=feature_lengths)
+    convert = seqio.EncDecFeatureConverter(pack=pack)
+    if not pack:  # packing alone loops over tensors in Python (seqio's pack_batch), which needs AutoGraph
+        convert = tf.autograph.experimental.do_not_convert(convert)
+    dataset = convert(dataset, task_feature_lengths=feature_lengths)
     dataset = dataset.batch(batch_size, drop_remainder=True)
     if kept:
         kept_pipelines.keep(kept, dataset)

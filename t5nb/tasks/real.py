@@ -25,7 +25,7 @@ import tensorflow as tf
 from t5nb import remote
 from t5nb.tasks import kept_pipelines
 from t5nb.tasks.custom import in_memory_source, read_examples
-from t5nb.tasks.pieces import add_mixture, add_task
+from t5nb.tasks.pieces import add_mixture, add_task, without_autograph
 from t5nb.tasks.world import QA_PREFIX
 
 C4_TRAIN_FILES = 4  # of 1,024: enough for the accelerator profile's pretraining (10,000 x 64 examples)
@@ -140,9 +140,11 @@ def register_real_tasks(vocabulary: str = "t5", suffix: str = "") -> list[str]:
     """Register the real tasks and their mixture with `vocabulary` (names end in `suffix`)."""
     specs = [
         ("c4_span_corruption", RemoteTextSource(C4), "span_corruption", None,
-         [functools.partial(t5.data.preprocessors.rekey, key_map={"inputs": None, "targets": "text"})]),
+         [functools.partial(without_autograph(t5.data.preprocessors.rekey),
+                            key_map={"inputs": None, "targets": "text"})]),
         ("wmt14_ende", RemoteRowsSource(WMT14_ENDE, _wmt_rows), "supervised", "bleu",
-         [functools.partial(t5.data.preprocessors.translate, source_language="en", target_language="de")]),
+         [functools.partial(without_autograph(t5.data.preprocessors.translate),
+                            source_language="en", target_language="de")]),
         ("nq_open", RemoteRowsSource(NQ_OPEN, _nq_open_rows), "supervised", "squad", []),
         ("triviaqa_nocontext", RemoteRowsSource(TRIVIAQA, _triviaqa_rows), "supervised", "squad", []),
     ]
