@@ -84,3 +84,28 @@ def test_an_entry_written_by_a_plain_jax_cache_in_the_same_folder_is_evicted_fir
         warnings.simplefilter("error")
         cache.put("kept", b"y" * 60)
     assert cache.get("kept") == b"y" * 60 and not (tmp_path / f"plain{lru_cache._CACHE_SUFFIX}").exists()
+
+
+def test_writes_read_the_folders_size_once_a_while_and_keep_it_under_the_cap(tmp_path, monkeypatch):
+    """Between two reads of the folder (CACHE_SIZE_READ_S apart), a process counts its own writes:
+    past the cap, the folder is read again and the least recently used entries go."""
+    from jax._src import lru_cache
+
+    from t5nb.system import WholeEntries
+
+    reads, scandir = [], os.scandir
+    monkeypatch.setattr(os, "scandir", lambda path: reads.append(path) or scandir(path))
+    cache = WholeEntries(str(tmp_path), max_size=1000)
+    for index in range(9):
+        cache.put(f"entry{index}", b"x" * 100)
+    assert len(reads) == 1  # the first write read the folder; the next eight were counted
+    for index in range(9, 12):  # past the cap
+        cache.put(f"entry{index}", b"x" * 100)
+    kept = sorted(int(path.name.removeprefix("entry").removesuffix(lru_cache._CACHE_SUFFIX))
+                  for path in tmp_path.glob(f"*{lru_cache._CACHE_SUFFIX}"))
+    assert sum(path.stat().st_size for path in tmp_path.glob(f"*{lru_cache._CACHE_SUFFIX}")) <= 1000
+    assert kept == list(range(12 - len(kept), 12)) and len(kept) == 10  # the oldest went
+    monkeypatch.setattr(system, "CACHE_SIZE_READ_S", 0)  # time for a fresh read
+    reads.clear()
+    cache.put("entry12", b"x" * 10)
+    assert reads and cache.get("entry12") == b"x" * 10
