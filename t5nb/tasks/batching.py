@@ -121,24 +121,30 @@ class BatchIterator:
             self.settings["examples_digest"] = digest
         self._seek(batches)
 
-    def _new_iterator(self, skip: int = 0):
-        """A fresh pipeline (seqio reshuffles each new iteration of a dataset, so never reuse one)."""
+    def _new_pipeline(self, skip: int = 0) -> tf.data.Dataset:
+        """A fresh pipeline (seqio reshuffles each new iteration of a dataset, so iterate each once)."""
         dataset = get_dataset(self.task, **{k: v for k, v in self.settings.items() if k not in ("task", "examples_digest")})
         index, count = self.process_share
         if count > 1:
             rows = self.settings["batch_size"] // count
             dataset = dataset.map(lambda batch: {k: v[index * rows:(index + 1) * rows] for k, v in batch.items()})
-        return iter(dataset.skip(skip).prefetch(2))
+        return dataset.skip(skip).prefetch(2)
 
     def _seek(self, batches: int) -> None:
-        self.batches = batches
-        self._iterator = self._new_iterator(batches)
+        """The pipeline built now (a source that cannot be read says so at once), its iterator made
+        at the first batch: a resumed run restores its iterator into this pipeline, built once."""
+        self.batches, self._pipeline, self._iterator = batches, self._new_pipeline(batches), None
+
+    def _batches(self):
+        if self._iterator is None:
+            self._iterator = iter(self._pipeline)
+        return self._iterator
 
     def __iter__(self):
         return self
 
     def __next__(self) -> dict:
-        batch = {name: value.numpy() for name, value in next(self._iterator).items()}
+        batch = {name: value.numpy() for name, value in next(self._batches()).items()}
         self.batches += 1
         return batch
 
@@ -167,13 +173,13 @@ class BatchIterator:
 
     def save_pipeline(self, folder) -> None:
         """Write the input pipeline's state into `folder` (tf.data's iterator checkpoint)."""
-        tf.train.Checkpoint(iterator=self._iterator).write(str(pathlib.Path(folder) / self.PIPELINE_PREFIX))
+        tf.train.Checkpoint(iterator=self._batches()).write(str(pathlib.Path(folder) / self.PIPELINE_PREFIX))
 
     def restore_pipeline(self, folder, state: dict) -> None:
         """Resume from `save_pipeline`'s files and the `state()` saved with them; if they cannot
         be read (another TensorFlow, a damaged file), warn and replay to `state` instead."""
         self._check_settings(state)
-        iterator = self._new_iterator()
+        iterator = iter(self._pipeline if self._iterator is None else self._new_pipeline())
         try:
             tf.train.Checkpoint(iterator=iterator).read(str(pathlib.Path(folder) / self.PIPELINE_PREFIX)).assert_consumed()
         except (tf.errors.OpError, ValueError, AssertionError) as error:
