@@ -211,9 +211,9 @@ def in_memory_source(examples_by_split: dict) -> seqio.FunctionDataSource:
         dataset_fn, splits=list(examples_by_split),
         num_input_examples={split: len(examples) for split, examples in examples_by_split.items()},
     )
-    text = json.dumps(examples_by_split, sort_keys=True, ensure_ascii=False, default=str)
-    source.examples_digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-    source.examples_bytes = len(text)
+    as_json = json.dumps(examples_by_split, sort_keys=True, ensure_ascii=False, default=str).encode("utf-8")
+    source.examples_digest = hashlib.sha256(as_json).hexdigest()[:16]
+    source.examples_bytes = len(as_json)
     return source
 
 

@@ -163,9 +163,7 @@ def keep(name: str, dataset: tf.data.Dataset) -> None:
     except tf.errors.OpError:
         return
     spec = {feature: (s.shape.as_list(), s.dtype.name) for feature, s in dataset.element_spec.items()}
-    folder().mkdir(parents=True, exist_ok=True)
-    write_atomically(folder() / f"{name}.pipeline", json.dumps(spec).encode() + b"\n" + graph)
-    _prune()
+    _write(f"{name}.pipeline", json.dumps(spec).encode() + b"\n" + graph)
 
 
 def kept_arrays(task, settings: dict, compute) -> list[dict]:
@@ -192,10 +190,15 @@ def kept_arrays(task, settings: dict, compute) -> list[dict]:
     buffer = io.BytesIO()
     np.savez(buffer, rows=len(rows), **{f"{i}/{array_name}": value for i, row in enumerate(rows)
                                         for array_name, value in row.items()})
-    folder().mkdir(parents=True, exist_ok=True)
-    write_atomically(path, buffer.getvalue())
-    _prune()
+    _write(path.name, buffer.getvalue())
     return rows
+
+
+def _write(file_name: str, data: bytes) -> None:
+    """Write an entry whole into the folder, then prune it."""
+    folder().mkdir(parents=True, exist_ok=True)
+    write_atomically(folder() / file_name, data)
+    _prune()
 
 
 def _prune() -> None:
