@@ -1,7 +1,6 @@
 import pathlib
 import subprocess
 import sys
-import time
 
 from t5nb.widgets import AskWidget
 
@@ -23,8 +22,9 @@ def test_ask_widget_shows_the_answer_of_the_predictor():
 
 def test_tensorboard_serves_the_run_and_stops_with_the_kernel(tmp_path):
     """In a process standing in for the kernel: the server it starts and shows answers for
-    `logdir`, and is gone once that process exits. Other servers may start meanwhile (the
-    rehearsal's notebooks run beside the tests), so the server is the one on the shown port."""
+    `logdir`, and is gone once that process has exited, which waits for the server's exit. Other
+    servers may start meanwhile (the rehearsal's notebooks run beside the tests), so the server
+    is the one on the shown port."""
     script = ("import json, urllib.request\nfrom tensorboard import manager, notebook\nfrom t5nb import widgets\n"
               "shown = []\nnotebook.display = lambda port, height: shown.append(port)  # the port it shows\n"
               f"widgets.tensorboard({str(tmp_path / 'a')!r}, {str(tmp_path / 'b')!r})\n"
@@ -35,7 +35,4 @@ def test_tensorboard_serves_the_run_and_stops_with_the_kernel(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     pid, served = result.stdout.split()[-2:]
     assert served == f"a:{tmp_path / 'a'},b:{tmp_path / 'b'}"  # both runs, named by folder
-    deadline = time.time() + 10
-    while pathlib.Path(f"/proc/{pid}").exists() and time.time() < deadline:
-        time.sleep(0.1)
     assert not pathlib.Path(f"/proc/{pid}").exists(), f"TensorBoard (pid {pid}) outlived its kernel"
