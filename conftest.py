@@ -18,6 +18,11 @@ import sys
 
 import pytest
 
+from t5nb.host import collect_cycles_less_often
+
+# the test processes collect cycles as t5nb's own do (`t5nb.tune_host()`)
+collect_cycles_less_often()
+
 # packages a GPU machine's image may lack, by family: the input pipeline's (each imports
 # TensorFlow) and the notebooks' (reading, running and drawing notebooks)
 TENSORFLOW_FAMILY = ("tensorflow", "tensorflow_text", "tensorflow_datasets", "seqio", "t5", "clu")

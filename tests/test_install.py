@@ -1,5 +1,5 @@
 """The installed environment: one provider per module, pip check, an import that changes nothing, a quiet
-TensorFlow, host memory kept by `t5nb.tune_host()`."""
+TensorFlow, host memory kept and the cycle collector tuned by `t5nb.tune_host()`."""
 import importlib.metadata
 import json
 import os
@@ -8,6 +8,8 @@ import subprocess
 import sys
 
 import pytest
+
+from t5nb import host
 
 
 def test_exactly_one_distribution_provides_seqio_and_tfds():
@@ -21,15 +23,15 @@ def test_pip_check_passes():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-# An import that changes nothing: environment, file descriptors, modules that do (JAX sets
-# environment variables when imported, TensorFlow more), and glibc's malloc, seen through
-# `malloc_info`: a 64 MB block is mmap'd by default, and never after `tune_host()`.
+# An import that changes nothing: environment, file descriptors, the cycle collector's thresholds,
+# modules that do (JAX sets environment variables when imported, TensorFlow more), and glibc's
+# malloc, seen through `malloc_info`: a 64 MB block is mmap'd by default, and never after `tune_host()`.
 IMPORT_T5NB = """
-import ctypes, json, os, sys, tempfile
-before = dict(os.environ), sorted(os.listdir("/proc/self/fd"))
+import ctypes, gc, json, os, sys, tempfile
+before = dict(os.environ), sorted(os.listdir("/proc/self/fd")), gc.get_threshold()
 import t5nb
 {after_import}
-after = dict(os.environ), sorted(os.listdir("/proc/self/fd"))
+after = dict(os.environ), sorted(os.listdir("/proc/self/fd")), gc.get_threshold()
 libc = ctypes.CDLL("libc.so.6")
 libc.malloc.restype, libc.fopen.restype = ctypes.c_void_p, ctypes.c_void_p
 libc.fopen.argtypes, libc.malloc_info.argtypes, libc.fclose.argtypes = [ctypes.c_char_p] * 2, [ctypes.c_int, ctypes.c_void_p], [ctypes.c_void_p]
@@ -43,7 +45,7 @@ count = mmapped_blocks()
 block = libc.malloc(64 << 20)
 mmapped = mmapped_blocks() > count
 print(json.dumps({{"unchanged": before == after, "modules": sorted({{"jax", "tensorflow", "seqio"}} & set(sys.modules)),
-                  "mmapped": mmapped}}))
+                  "mmapped": mmapped, "gc": after[2]}}))
 """
 
 
@@ -55,16 +57,16 @@ def test_importing_t5nb_changes_nothing_and_tune_host_is_the_one_call_that_does(
         assert result.returncode == 0, result.stderr
         return json.loads(result.stdout)
 
-    assert run() == {"unchanged": True, "modules": [], "mmapped": True}
-    assert run("t5nb.tune_host()", JAX_PLATFORMS="cpu")["mmapped"] is False
-    # where JAX runs on an accelerator, XLA:CPU runs no steps: malloc is left as it is
+    assert run() == {"unchanged": True, "modules": [], "mmapped": True, "gc": [700, 10, 10]}
+    assert run("t5nb.tune_host()", JAX_PLATFORMS="cpu") == {"unchanged": False, "modules": [], "mmapped": False,
+                                                            "gc": list(host.GC_THRESHOLDS)}
+    # where JAX runs on an accelerator, XLA:CPU runs no steps: malloc is left as it is, the collector is not
     for accelerator in ("cuda", "tpu"):
-        assert run("assert not t5nb.tune_host()", JAX_PLATFORMS=accelerator)["mmapped"] is True
+        assert run("assert not t5nb.tune_host()", JAX_PLATFORMS=accelerator) == {
+            "unchanged": False, "modules": [], "mmapped": True, "gc": list(host.GC_THRESHOLDS)}
 
 
 def test_an_accelerator_host_needs_both_the_device_and_jaxs_plugin_for_it(monkeypatch):
-    from t5nb import host
-
     def host_with(devices=(), modules=()):
         monkeypatch.setattr(host.glob, "glob", lambda pattern: [pattern] if pattern in devices else [])
         monkeypatch.setattr(host.importlib.util, "find_spec", lambda name: name if name in modules else None)
