@@ -73,6 +73,9 @@ OFFICIAL_VOCABULARY := $${T5NB_DATA_DIR:-../shared/data}/vocab/cc_all.32000.sent
 # off): compiling costs them more than running. A clean clone's `make test`: 2,298 CPU s with it,
 # 2,591 without (2-core AMD EPYC).
 test: export JAX_DISABLE_MOST_OPTIMIZATIONS ?= 1
+# No one sees the notebooks' inline TensorBoard here: nine servers, each importing TensorFlow
+# (8 CPU s), and each cell waiting for its server to listen. tests/test_widgets.py starts one.
+test: export T5NB_TENSORBOARD ?= 0
 test: $(VENV)/.test
 	rm -rf runs/test-ci $(REHEARSAL) $(REHEARSAL_LOG)* $(STANDINS)
 	mkdir -p runs

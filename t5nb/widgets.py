@@ -37,19 +37,29 @@ class AskWidget:
         display(self.view)
 
 
+OFF = "T5NB_TENSORBOARD"  # "0": `tensorboard` starts no server
+
+
 def tensorboard(*logdirs, height: int = 560) -> None:
     """TensorBoard inline on one or more run directories (runs named by their folder), in
     Colab and in Jupyter. Start it before training and the curves fill in as the runs write
     them (it rereads the logs every 5 s), even for runs that do not exist yet. A server this
-    call starts stops when the kernel exits; one already serving the same runs is reused."""
+    call starts stops when the kernel exits; one already serving the same runs is reused.
+
+    Where no one sees the notebook (headless runs: `make test` runs every notebook twice),
+    `T5NB_TENSORBOARD=0` starts no server and prints the command that shows the runs: a server
+    imports TensorFlow, 8 CPU s of a 2-core AMD EPYC, and the cell waits for it to listen."""
+    paths = [pathlib.Path(logdir) for logdir in logdirs]
+    where = (["--logdir", str(paths[0])] if len(paths) == 1 else
+             ["--logdir_spec", ",".join(f"{path.name}:{path}" for path in paths)])
+    if os.environ.get(OFF, "1") == "0":
+        print(f"TensorBoard not started ({OFF}=0); `tensorboard {' '.join(where)}` shows these runs")
+        return
     from tensorboard import manager, notebook  # heavy, and only inline TensorBoard needs it
 
     tensorboard_command = pathlib.Path(sys.executable).with_name("tensorboard")  # the kernel's own
     if tensorboard_command.exists():
         os.environ.setdefault("TENSORBOARD_BINARY", str(tensorboard_command))
-    paths = [pathlib.Path(logdir) for logdir in logdirs]
-    where = (["--logdir", str(paths[0])] if len(paths) == 1 else
-             ["--logdir_spec", ",".join(f"{path.name}:{path}" for path in paths)])
     started = manager.start([*where, "--reload_interval", "5"])
     if not hasattr(started, "info"):  # failed or timed out: say why, the run goes on
         print(f"TensorBoard did not start ({type(started).__name__}: {started}); "

@@ -1,8 +1,11 @@
+import os
 import pathlib
 import subprocess
 import sys
 
-from t5nb.widgets import AskWidget
+import pytest
+
+from t5nb import widgets
 
 
 def test_ask_widget_shows_the_answer_of_the_predictor():
@@ -12,7 +15,7 @@ def test_ask_widget_shows_the_answer_of_the_predictor():
         asked.extend(questions)
         return [q.upper() for q in questions]
 
-    widget = AskWidget(predict, placeholder="who?")
+    widget = widgets.AskWidget(predict, placeholder="who?")
     assert widget.ask("where was ada born?") == "WHERE WAS ADA BORN?"
     assert "WHERE WAS ADA BORN?" in widget.answer.value
     widget.question.value = ""
@@ -31,8 +34,19 @@ def test_tensorboard_serves_the_run_and_stops_with_the_kernel(tmp_path):
               "info = next(info for info in manager.get_all() if info.port == shown[0])\n"
               "runs = json.load(urllib.request.urlopen(f'http://localhost:{info.port}/data/environment'))\n"
               "print(info.pid, runs['data_location'])\n")
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    env = {name: value for name, value in os.environ.items() if name != widgets.OFF}  # `make test` sets it
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert result.returncode == 0, result.stdout + result.stderr
     pid, served = result.stdout.split()[-2:]
     assert served == f"a:{tmp_path / 'a'},b:{tmp_path / 'b'}"  # both runs, named by folder
     assert not pathlib.Path(f"/proc/{pid}").exists(), f"TensorBoard (pid {pid}) outlived its kernel"
+
+
+def test_tensorboard_off_starts_no_server_and_prints_the_command_that_shows_the_runs(tmp_path, monkeypatch, capsys):
+    from tensorboard import manager
+
+    monkeypatch.setenv(widgets.OFF, "0")
+    monkeypatch.setattr(manager, "start", lambda *args, **kwargs: pytest.fail("a server was started"))
+    widgets.tensorboard(tmp_path / "a", tmp_path / "b")
+    assert capsys.readouterr().out == (f"TensorBoard not started (T5NB_TENSORBOARD=0); `tensorboard --logdir_spec "
+                                       f"a:{tmp_path / 'a'},b:{tmp_path / 'b'}` shows these runs\n")
