@@ -54,7 +54,7 @@ course: $(VENV)/.base
 # measures the facts world under every profile, so where the rehearsal runs it (on 8 devices),
 # the CI profile's run leaves it out (85 CPU seconds of a run bound by CPU).
 # The rehearsal is one chain of notebooks, one cell at a time; the tests are units that fill
-# whatever CPU it leaves: they yield to it (nice), so that it is never the last to end. Beside
+# whatever CPU it leaves: they yield to it (nice), so that it is not the one left at the end. Beside
 # three workers at the same priority, it took 1,175 s of a CI run of 1,371 s and ended last.
 # Absolute paths: nbval runs each notebook in notebooks/.
 STANDINS := $(CURDIR)/runs/standins
