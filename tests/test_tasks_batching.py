@@ -1,5 +1,6 @@
 """Deterministic shuffling, packing and a batch iterator that resumes where it stopped."""
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -41,6 +42,11 @@ def test_every_form_of_a_saved_position_resumes_with_exactly_the_next_batches(tm
     restored = tasks.BatchIterator(task, LENGTHS, 4, pack=pack, seed=seed)
     restored.restore_pipeline(tmp_path, state)
     assert _same(_take(restored, 2), expected) and restored.state()["batches"] == 5
+    positioned = tasks.BatchIterator.from_state(state)  # built at batch 3, then restored: no replay
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a pipeline that cannot be restored warns, and replays
+        positioned.restore_pipeline(tmp_path, state)
+    assert _same(_take(positioned, 2), expected) and positioned.state()["batches"] == 5
 
 
 def test_a_damaged_pipeline_checkpoint_falls_back_to_replaying(tmp_path):

@@ -179,7 +179,10 @@ class BatchIterator:
         """Resume from `save_pipeline`'s files and the `state()` saved with them; if they cannot
         be read (another TensorFlow, a damaged file), warn and replay to `state` instead."""
         self._check_settings(state)
-        iterator = iter(self._pipeline if self._iterator is None else self._new_pipeline())
+        # the pipeline built at the start, if it is as save_pipeline's was: never iterated, and
+        # skipping no batches (a checkpoint does not restore into a pipeline that skips some)
+        unused = self._iterator is None and self.batches == 0
+        iterator = iter(self._pipeline if unused else self._new_pipeline())
         try:
             tf.train.Checkpoint(iterator=iterator).read(str(pathlib.Path(folder) / self.PIPELINE_PREFIX)).assert_consumed()
         except (tf.errors.OpError, ValueError, AssertionError) as error:
