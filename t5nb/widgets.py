@@ -52,8 +52,9 @@ def tensorboard(*logdirs, height: int = 560) -> None:
     paths = [pathlib.Path(logdir) for logdir in logdirs]
     where = (["--logdir", str(paths[0])] if len(paths) == 1 else
              ["--logdir_spec", ",".join(f"{path.name}:{path}" for path in paths)])
+    command = " ".join(["tensorboard", *where])  # the same server, from a terminal
     if os.environ.get(OFF, "1") == "0":
-        print(f"TensorBoard not started ({OFF}=0); `tensorboard {' '.join(where)}` shows these runs")
+        print(f"TensorBoard not started ({OFF}=0); `{command}` shows these runs")
         return
     from tensorboard import manager, notebook  # heavy, and only inline TensorBoard needs it
 
@@ -63,7 +64,7 @@ def tensorboard(*logdirs, height: int = 560) -> None:
     started = manager.start([*where, "--reload_interval", "5"])
     if not hasattr(started, "info"):  # failed or timed out: say why, the run goes on
         print(f"TensorBoard did not start ({type(started).__name__}: {started}); "
-              f"run `tensorboard {' '.join(where)}` in a terminal")
+              f"run `{command}` in a terminal")
         return
     if isinstance(started, manager.StartLaunched):
         atexit.register(_stop, started.info.pid)
