@@ -128,16 +128,35 @@ def test_trainers_of_one_model_and_optimizer_share_their_compiled_train_step():
     assert other.compile_train_step(other.abstract_state(), batch) is not compiled
 
 
+def largest_difference(a: dict, b: dict) -> float:
+    return max(float(np.abs(a[name] - b[name]).max()) for name in a)
+
+
 def test_meshes_8x1_4x2_2x4_match_one_device(tmp_path):
+    """Every mesh trains the same three steps to the one-device result, within what float32
+    rounding alone does to this run, measured on the host that runs it.
+
+    The bound: a mesh splits each of the step's sums over d <= 8 devices and adds the d partial
+    sums, so each sum is rounded at up to 2d places where one device rounds it once, each rounding
+    within one ulp. The same run from initial parameters each moved by 2d = 16 ulps (random
+    directions, two draws) shows how far perturbations of that size carry through three Adafactor
+    steps (whose normalised updates magnify a small gradient's error): the larger of the two
+    distances is the bound. It follows the host's arithmetic (on one 2-core machine the meshes
+    differ by at most 1.3e-6, the nudged runs by 4e-6 to 2.6e-5), and stays a hundred times below
+    the largest change of a parameter in one step (1.3e-2 there), the size of difference a wrong collective, sharding of the
+    optimizer's state or dropout mask makes."""
     out = tmp_path / "m"
-    print(run_worker(tmp_path, "--out", out, "--meshes", "1x1,8x1,4x2,2x4", devices=8))
-    reference = load(f"{out}.1x1.npz")
+    steps, ulps = 3, 16
+    print(run_worker(tmp_path, "--out", out, "--meshes", "1x1,8x1,4x2,2x4", "--steps", steps, "--nudge-ulps", ulps,
+                     devices=8))
+    reference, initial = load(f"{out}.1x1.npz"), load(f"{out}.init.npz")
+    bound = max(largest_difference(load(f"{out}.nudged{seed}.npz"), reference) for seed in range(2))
+    assert 0 < bound < largest_difference(reference, initial) / steps / 100
     for shape in ("8x1", "4x2", "2x4"):
         params = load(f"{out}.{shape}.npz")
         assert params.keys() == reference.keys()
-        for name in reference:
-            np.testing.assert_allclose(params[name], reference[name], atol=2e-6, err_msg=f"{shape} {name}")
-        assert not all(np.array_equal(params[n], reference[n] * 0) for n in reference)
+        worst = max(params, key=lambda name: np.abs(params[name] - reference[name]).max())
+        assert largest_difference(params, reference) <= bound, (shape, worst)
 
 
 def test_a_scanned_data_parallel_step_has_no_two_collectives_that_can_wait_at_once(tmp_path):

@@ -1,7 +1,10 @@
 """A training run in its own process, for the multi-device test (8 simulated devices).
 
 Trains the tiny model on a deterministic synthetic copy task, once per mesh in --meshes, and
-writes the final parameters to `<out>.<mesh>.npz`.
+writes the final parameters to `<out>.<mesh>.npz`. With --nudge-ulps K, it also trains on one
+device from the same initial parameters each moved by K ulps (a random direction per element,
+one run per --nudge-seeds), writing `<out>.nudged<seed>.npz` and the initial ones to
+`<out>.init.npz`: how far float32 rounding alone moves this run's result.
 """
 import argparse
 import json
@@ -14,6 +17,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--out", required=True)
 parser.add_argument("--steps", type=int, default=3)
 parser.add_argument("--meshes", default="1x1", help="comma-separated DATAxMODEL mesh shapes")
+parser.add_argument("--nudge-ulps", type=int, default=0, help="ulps each initial parameter is moved by")
+parser.add_argument("--nudge-seeds", type=int, default=2)
 args = parser.parse_args()
 
 import jax  # noqa: E402
@@ -41,15 +46,40 @@ class CopyTask:
         return {"encoder_input_tokens": x, "decoder_target_tokens": t, "decoder_input_tokens": d}
 
 
+def flat(params) -> dict:
+    return {"/".join(str(k.key) for k in path): np.asarray(v)
+            for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+
+def trainer_on(data: int, model: int) -> Trainer:
+    mesh = mesh_lib.make_mesh(model, jax.devices()[: data * model])
+    return Trainer(get_config("t5.1.1-tiny", vocab_size=128, dropout_rate=0.1), TrainConfig(learning_rate=1e-2), mesh)
+
+
+def nudged(params, ulps: int, rng):
+    """Each element moved `ulps` float32 steps up or down, the direction drawn per element."""
+    def nudge(p):
+        p, up = np.asarray(p, np.float32), rng.integers(0, 2, np.shape(p)).astype(bool)
+        for _ in range(ulps):
+            p = np.where(up, np.nextafter(p, np.float32(np.inf)), np.nextafter(p, np.float32(-np.inf)))
+        return p
+    return jax.tree.map(nudge, params)
+
+
 for shape in args.meshes.split(","):
     data, model = map(int, shape.split("x"))
-    mesh = mesh_lib.make_mesh(model, jax.devices()[: data * model])
-    trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=128, dropout_rate=0.1),
-                      TrainConfig(learning_rate=1e-2), mesh)
+    trainer = trainer_on(data, model)
     result = train(trainer, CopyTask(), args.steps, f"{args.out}.{shape}.run", checkpoint_every=0, progress=False)
-    flat = {"/".join(str(k.key) for k in path): np.asarray(v)
-            for path, v in jax.tree_util.tree_flatten_with_path(result.state.params)[0]}
-    np.savez(f"{args.out}.{shape}.npz", **flat)
-    print(json.dumps({"mesh": dict(mesh.shape), "loss": result.history[-1]["loss"]}))
+    np.savez(f"{args.out}.{shape}.npz", **flat(result.state.params))
+    print(json.dumps({"mesh": dict(trainer.mesh.shape), "loss": result.history[-1]["loss"]}))
+if args.nudge_ulps:
+    trainer = trainer_on(1, 1)
+    initial = trainer.init_params()
+    np.savez(f"{args.out}.init.npz", **flat(initial))
+    for seed in range(args.nudge_seeds):
+        state = trainer.init_state(nudged(initial, args.nudge_ulps, np.random.default_rng(seed)))
+        result = train(trainer, CopyTask(), args.steps, f"{args.out}.nudged{seed}.run", checkpoint_every=0,
+                       progress=False, state=state)
+        np.savez(f"{args.out}.nudged{seed}.npz", **flat(result.state.params))
 sys.stdout.flush()
 os._exit(0)  # skip the slow interpreter teardown of TF and orbax threads
