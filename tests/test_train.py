@@ -143,8 +143,8 @@ def test_meshes_8x1_4x2_2x4_match_one_device(tmp_path):
     steps (whose normalised updates magnify a small gradient's error): the larger of the two
     distances is the bound. It follows the host's arithmetic (on one 2-core machine the meshes
     differ by at most 1.3e-6, the nudged runs by 4e-6 to 2.6e-5), and stays a hundred times below
-    the largest change of a parameter in one step (1.3e-2 there), the size of difference a wrong collective, sharding of the
-    optimizer's state or dropout mask makes."""
+    the largest change of a parameter in one step (1.3e-2 there), the size of difference a wrong
+    collective, sharding of the optimizer's state or dropout mask makes."""
     out = tmp_path / "m"
     steps, ulps = 3, 16
     print(run_worker(tmp_path, "--out", out, "--meshes", "1x1,8x1,4x2,2x4", "--steps", steps, "--nudge-ulps", ulps,
