@@ -38,7 +38,7 @@ import transformers  # noqa: E402
 from t5nb import checkpoints, decode  # noqa: E402
 from t5nb.config import get_config  # noqa: E402
 from t5nb.system import time_matmul  # noqa: E402
-from t5nb.trainer import Trainer, TrainConfig  # noqa: E402
+from t5nb.trainer import Trainer, TrainConfig, train_step_flops  # noqa: E402
 from programs import make_batch  # noqa: E402  (bench/programs.py)
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"

@@ -1,7 +1,10 @@
 """The package's structure: every import points one way (no cycle between t5nb's modules,
-counting imports inside functions), and each import left inside a function says why."""
+counting imports inside functions), each import left inside a function says why, and every
+name the code uses resolves."""
 import ast
 import pathlib
+import subprocess
+import sys
 
 import t5nb
 
@@ -95,3 +98,15 @@ def test_every_import_inside_a_function_says_why():
             if nested and "#" not in lines[node.lineno - 1] and "#" not in lines[first - 1]:
                 silent.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {lines[node.lineno - 1].strip()}")
     assert silent == [], "imports inside functions without a reason:\n" + "\n".join(silent)
+
+
+def test_every_name_used_resolves_and_every_import_is_used():
+    """pyflakes' checks (ruff's F rules: undefined names, unused imports and variables) over the
+    library, the benchmarks, scripts, examples, tests and notebooks: code that no test runs, as
+    `bench/run.py`'s comparison, still fails here on a name it never imports."""
+    root = PACKAGE.parent
+    ruff = pathlib.Path(sys.executable).with_name("ruff")
+    result = subprocess.run([str(ruff), "check", "--select", "F", "--no-cache", "--output-format", "concise",
+                             "t5nb", "bench", "scripts", "examples", "tests", "notebooks", "conftest.py"],
+                            cwd=root, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
