@@ -96,15 +96,23 @@ class Chip:
         return types.SimpleNamespace(platform=self.platform, device_kind=self.kind,
                                      compute_capability=self.compute_capability)
 
-    def peak(self, dtype) -> float:
-        """The dense peak of matmuls computing in `dtype`: float32 runs as TF32 where the chip has
-        it (JAX's default matmul precision on an NVIDIA GPU from the A100 on); the one denominator
-        of every MFU t5nb and its benchmarks print."""
+    def peak_format(self, dtype) -> str | None:
+        """The data sheet's matmul format that `dtype` computes in: float32 runs as TF32 where the
+        chip has it (JAX's default matmul precision on an NVIDIA GPU from the A100 on). None where
+        the data sheet gives no peak for it (bfloat16 on a T4 or P100, float32 on a TPU, float16):
+        there is no MFU to report, and a training run reports none."""
         name = jnp.dtype(dtype).name
         if name == "float32" and "tf32" in self.peak_flops:
             name = "tf32"
-        if name not in self.peak_flops:
-            raise ValueError(f"{self.kind} has no {name} peak in its data sheet (has {sorted(self.peak_flops)})")
+        return name if name in self.peak_flops else None
+
+    def peak(self, dtype) -> float:
+        """The dense peak of matmuls computing in `dtype` (`peak_format`); the one denominator of
+        every MFU t5nb and its benchmarks print."""
+        name = self.peak_format(dtype)
+        if name is None:
+            raise ValueError(f"{self.kind} has no {jnp.dtype(dtype).name} peak in its data sheet "
+                             f"(has {sorted(self.peak_flops)})")
         return self.peak_flops[name]
 
 

@@ -40,13 +40,17 @@ def validation_scalars(metrics: dict) -> dict:
     return {f"{VALIDATION}{name}": value for name, value in metrics.items()}
 
 
-def _utilisation(trainer: Trainer) -> tuple[str, float]:
+def _utilisation(trainer: Trainer) -> tuple[str, float | None]:
     """What a run's step FLOP/s are divided by, and its name: on a chip of profiles.CHIPS, the
-    mesh's dense peak from the data sheet in the dtype the model computes in (`mfu`); elsewhere
-    (a CPU), this machine's float32 matmul rate, measured (`matmul_rate_fraction`)."""
+    mesh's dense peak from the data sheet in the dtype the model computes in (`mfu`), or None
+    where the data sheet has no peak for that dtype (`Chip.peak_format`: no utilisation is
+    logged, the run trains on); elsewhere (a CPU), this machine's float32 matmul rate, measured
+    (`matmul_rate_fraction`)."""
     chip, chips = chip_of(trainer.mesh.devices.flat[0]), trainer.mesh.devices.size
     if chip is None:
         return "matmul_rate_fraction", _matmul_rate() * chips
+    if chip.peak_format(trainer.model_config.dtype) is None:
+        return "mfu", None
     return "mfu", chip.peak(trainer.model_config.dtype) * chips
 
 
@@ -173,7 +177,7 @@ class MetricsLog:
             self.flops, (self.utilisation, self.peak) = self.trainer.step_flops(), _utilisation(self.trainer)
         metrics["seqs_per_s"] = float(total["sequences"]) / elapsed
         metrics["target_tokens_per_s"] = float(total["weight"]) / elapsed
-        if self.flops:
+        if self.flops and self.peak:
             metrics[self.utilisation] = self.flops * len(sums) / elapsed / self.peak
         metrics["compile_s"] = self.trainer.compile_seconds
         self.writer.write_scalars(step, metrics)

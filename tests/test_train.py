@@ -420,6 +420,20 @@ def test_mfu_divides_by_the_data_sheets_peak_in_the_models_compute_dtype(monkeyp
     assert train_lib._utilisation(trainer) == ("mfu", 989e12 * trainer.mesh.devices.size)
 
 
+@pytest.mark.parametrize("chip,dtype", [("t4", jnp.bfloat16), ("v5e", jnp.float32), ("h100", jnp.bfloat16)])
+def test_a_run_trains_to_the_end_and_logs_mfu_only_where_its_chip_has_a_peak_for_its_dtype(
+        tmp_path, monkeypatch, chip, dtype):
+    """A T4's data sheet has no bfloat16 peak, a TPU's no float32 one: the run trains on and logs
+    no `mfu` (and no other utilisation in its place); on an H100 it logs one."""
+    monkeypatch.setattr(train_lib, "chip_of", lambda device: CHIPS[chip])
+    trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0, dtype=dtype),
+                      TrainConfig(learning_rate=1e-2))
+    result = train(trainer, Batches(copy_batch()), 2, tmp_path, log_every=1, progress=False)
+    assert [h["step"] for h in result.history] == [1, 2]
+    assert "matmul_rate_fraction" not in result.history[-1]
+    assert ("mfu" in result.history[-1]) == (CHIPS[chip].peak_format(dtype) is not None) == (chip == "h100")
+
+
 def test_a_steps_model_flops_are_xlas_count_of_its_matmuls_and_count_every_scanned_layer():
     """`train_step_flops` counts the matmuls: within 5% below XLA's count of the whole unrolled
     step (which adds the elementwise work); a scanned model's step counts the same (XLA's
