@@ -89,6 +89,11 @@ class WholeEntries(lru_cache.LRUCache):
         self._bytes, self._read_at = size + additional_size, time.monotonic()
 
     def put(self, key: str, value: bytes) -> None:
+        """The entry written whole; with a size cap (JAX's lock, access time and eviction only
+        exist then), under the lock, with its access time, the oldest evicted first."""
+        if not self.eviction_enabled:
+            write_atomically(self.path / f"{key}{lru_cache._CACHE_SUFFIX}", value)
+            return
         if len(value) > self.max_size:
             return super().put(key, value)  # JAX's warning, nothing written
         self.lock.acquire(timeout=self.lock_timeout_secs)

@@ -86,6 +86,23 @@ def test_an_entry_written_by_a_plain_jax_cache_in_the_same_folder_is_evicted_fir
     assert cache.get("kept") == b"y" * 60 and not (tmp_path / f"plain{lru_cache._CACHE_SUFFIX}").exists()
 
 
+def test_a_cache_without_a_size_cap_writes_and_reads_entries_and_evicts_nothing(tmp_path):
+    """JAX's `max_size=-1`: no lock and no eviction, every entry written whole (a write again
+    replaces it) and read back."""
+    from jax._src import lru_cache
+
+    from t5nb.system import WholeEntries
+
+    cache = WholeEntries(str(tmp_path), max_size=-1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for index in range(3):
+            cache.put(f"entry{index}", bytes([index]) * 1000)
+        cache.put("entry0", b"again")
+    assert [cache.get(f"entry{index}") for index in range(3)] == [b"again", b"\x01" * 1000, b"\x02" * 1000]
+    assert sorted(path.name for path in tmp_path.iterdir()) == [f"entry{i}{lru_cache._CACHE_SUFFIX}" for i in range(3)]
+
+
 def test_writes_read_the_folders_size_once_a_while_and_keep_it_under_the_cap(tmp_path, monkeypatch):
     """Between two reads of the folder (CACHE_SIZE_READ_S apart), a process counts its own writes:
     past the cap, the folder is read again and the least recently used entries go."""
