@@ -30,6 +30,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import resource
 import shutil
 import statistics
@@ -422,12 +423,35 @@ def train_phase(phase: Phase, args, say: Say) -> None:
     flops = train_step_flops(config, rows, inputs, targets)
     measured = jax_efficiency(flops, step_s, dtype, args.quick)
     say(describe_efficiency(measured, dtype, "JAX"), **measured)
+    if trainer.run_config.attention == "dot_product_attention":
+        kernels = attention_kernels(trainer, sharded, inputs, targets)
+        say(f"attention: {kernels['chosen']} chosen; the step's program calls "
+            + (", ".join(f"{target} x {n}" for target, n in kernels["cudnn_calls"].items()) or "no cuDNN kernel"),
+            attention_kernels=kernels)
     if phase.settings.get("save_for_hf"):
         out = args.work / phase.name
         out.mkdir()
         checkpoints.save_hf(trainer.model(jax.device_get(params)), out / "hf")
         np.savez(out / "batch.npz", **batch)
         (out / "meta.json").write_text(json.dumps({"dtype": dtype, "flops": flops, "step_s": step_s}))
+
+
+def attention_kernels(trainer, batch, inputs: int, targets: int) -> dict:
+    """Which attention a fused-attention step ran: what `t5nb.model.attention_implementation`
+    chose for each of the model's attentions, and the cuDNN fused-attention custom calls in the
+    compiled program, by target (none: XLA's attention throughout)."""
+    from t5nb.model import attention_implementation
+
+    c = trainer.run_config
+    program = trainer.compile_train_step(trainer.abstract_state(), batch).as_text()  # the one that ran
+    chosen = {name: attention_implementation(q, k, c.head_dim, c.dtype) for name, (q, k) in
+              {"encoder": (inputs, inputs), "decoder": (targets, targets), "encoder_decoder": (targets, inputs)}.items()}
+    return {"chosen": chosen, "cudnn_calls": cudnn_attention_calls(program)}
+
+
+def cudnn_attention_calls(program: str) -> dict:
+    """A compiled program's calls of cuDNN's fused attention (forward and backward), by target."""
+    return dict(sorted(collections.Counter(re.findall(r'custom_call_target="(__cudnn\$fmha[^"]*)"', program)).items()))
 
 
 def execution(trainer) -> dict:

@@ -16,7 +16,7 @@ LORA_TARGETS = ("query", "key", "value", "out", "wi", "wi_0", "wi_1", "wo")
 # fields that say how the model runs, not what it is: a run may resume with them changed
 EXECUTION_FIELDS = ("dtype", "scan_layers", "remat_policy", "attention")
 # how attention computes softmax(q k^T + bias) v: T5X's einsums, or jax.nn.dot_product_attention
-# (cuDNN's fused kernel on a GPU where it applies; XLA's elsewhere): t5nb.model.fused_attention
+# (cuDNN's fused kernel on a GPU where it applies; XLA's elsewhere): t5nb.model.attention_implementation
 ATTENTION = ("einsum", "dot_product_attention")
 # fields that count something: positive whole numbers
 _SIZES = ("vocab_size", "emb_dim", "num_heads", "num_encoder_layers", "num_decoder_layers", "head_dim", "mlp_dim",

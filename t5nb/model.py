@@ -196,20 +196,42 @@ class MultiHeadAttention(nnx.Module):
         return self.out(y.reshape(*y.shape[:2], -1))
 
 
+def attention_implementation(query_length: int, key_length: int, head_dim: int, dtype, device=None) -> str:
+    """Which kernel `fused_attention` runs, decided from shapes, dtype and device before anything
+    is traced: "cudnn", cuDNN's fused kernel, where all of its conditions hold (those
+    `jax.nn.dot_product_attention` checks, some only in the forward rule of its gradient, which
+    JAX traces late under `lax.scan` or `jax.checkpoint`, outside any `try`):
+    - an NVIDIA GPU through CUDA (cuDNN ships with JAX's CUDA build; a ROCm GPU has none) of
+      compute capability 8.0 (Ampere) or later;
+    - bfloat16 or float16;
+    - a head dim that is a multiple of 8, at most 128 (256 from compute capability 9.0);
+    - even query and key lengths: with a bias, cuDNN's training kernel takes no other. A trace
+      cannot tell whether it will be differentiated, so this holds for every call, decoding's
+      one-position step included.
+    Else "xla": XLA's attention, on every backend. `device`: jax.devices()[0] by default."""
+    device = jax.devices()[0] if device is None else device
+    capability = getattr(device, "compute_capability", None)
+    on_cuda = device.platform == "gpu" and "cuda" in device.client.platform_version.lower() and capability
+    if not on_cuda or jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
+        return "xla"
+    capability = tuple(int(part) for part in str(capability).split("."))
+    largest_head = 256 if capability >= (9, 0) else 128
+    if capability < (8, 0) or head_dim % 8 or head_dim > largest_head or query_length % 2 or key_length % 2:
+        return "xla"
+    return "cudnn"
+
+
 def fused_attention(query, keys, values, bias):
     """softmax(q k^T + bias) v through `jax.nn.dot_product_attention` (no 1/sqrt(d) scale, as
-    T5): cuDNN's fused kernel on a GPU where its conditions hold (bfloat16 or float16, a head
-    dim that is a multiple of 8, even lengths when training), else XLA's, which computes the
-    logits and softmax in float32 as the einsum path does. It has no dropout: with dropout on,
-    attention takes the einsum path. [b, h, q, d], [b, h, k, d] x 2, [b or 1, h or 1, q, k] -> [b, q, h, d]."""
+    T5), by the kernel `attention_implementation` picks: cuDNN's, its bias in the inputs' dtype,
+    or XLA's, which computes the logits and softmax in float32 as the einsum path does. It has
+    no dropout: with dropout on, attention takes the einsum path.
+    [b, h, q, d], [b, h, k, d] x 2, [b or 1, h or 1, q, k] -> [b, q, h, d]."""
     heads_second = [x.swapaxes(1, 2) for x in (query, keys, values)]  # its layout: [b, length, h, d]
     bias = jnp.broadcast_to(bias, (*bias.shape[:2], query.shape[2], keys.shape[2]))
-    if jax.default_backend() == "gpu" and query.dtype in (jnp.bfloat16, jnp.float16):
-        try:  # its bias in the inputs' dtype
-            return jax.nn.dot_product_attention(*heads_second, bias=bias.astype(query.dtype), scale=1.0,
-                                                implementation="cudnn")
-        except NotImplementedError:  # a shape cuDNN's kernel does not take
-            pass
+    if attention_implementation(query.shape[2], keys.shape[2], query.shape[3], query.dtype) == "cudnn":
+        return jax.nn.dot_product_attention(*heads_second, bias=bias.astype(query.dtype), scale=1.0,
+                                            implementation="cudnn")
     return jax.nn.dot_product_attention(*heads_second, bias=bias, scale=1.0, implementation="xla")
 
 

@@ -9,6 +9,8 @@ import pathlib
 import subprocess
 import sys
 
+import jax
+import numpy as np
 import pytest
 
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
@@ -56,6 +58,24 @@ def test_a_variant_builds_its_trainer_with_the_fields_it_changes(gpu):
     trainer, *_ = gpu.course_trainer({"profile": "rehearsal", "dtype": "float32", "rows": 4,
                                       "config": {"remat_policy": "none", "scan_layers": False}}, "pretrain_step")
     assert (trainer.model_config.remat_policy, trainer.model_config.scan_layers) == ("none", False)
+
+
+def test_a_fused_attention_phase_records_the_kernel_chosen_and_the_cudnn_calls_its_program_makes(gpu):
+    """On a CPU: XLA's attention chosen everywhere, no cuDNN call in the program; a GPU program's
+    cuDNN calls (their HLO form) are counted by target."""
+    trainer, lengths, _, profile = gpu.course_trainer({"profile": "rehearsal", "dtype": "float32", "rows": 4,
+                                                       "config": {"attention": "dot_product_attention"}}, "pretrain_step")
+    batch = {name: jax.ShapeDtypeStruct(shape, np.int32, sharding=trainer.batch_sharding) for name, shape in
+             (("encoder_input_tokens", (4, lengths["inputs"])), ("decoder_input_tokens", (4, lengths["targets"])),
+              ("decoder_target_tokens", (4, lengths["targets"])))}
+    kernels = gpu.attention_kernels(trainer, batch, lengths["inputs"], lengths["targets"])
+    assert kernels == {"chosen": {"encoder": "xla", "decoder": "xla", "encoder_decoder": "xla"}, "cudnn_calls": {}}
+    program = ('%a = custom-call(%q, %k, %v, %b), custom_call_target="__cudnn$fmhaScaleBiasSoftmax"\n'
+               '%b = custom-call(%q, %k), custom_call_target="__cudnn$fmhaScaleBiasSoftmaxBackward"\n'
+               '%c = custom-call(%q, %k, %v, %b), custom_call_target="__cudnn$fmhaScaleBiasSoftmax"\n'
+               '%d = custom-call(%x), custom_call_target="__cublas$gemm"')
+    assert gpu.cudnn_attention_calls(program) == {"__cudnn$fmhaScaleBiasSoftmax": 2,
+                                                 "__cudnn$fmhaScaleBiasSoftmaxBackward": 1}
 
 
 def test_each_phase_process_shares_the_calls_cache_and_gets_its_own_settings(gpu, tmp_path):

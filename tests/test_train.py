@@ -1,9 +1,12 @@
 """Training: loss, steps on meshes, resume after SIGKILL, two processes, NaN guard, logging."""
+import collections
+import functools
 import json
 import os
 import pathlib
 import signal
 import subprocess
+import types
 import sys
 import warnings
 
@@ -14,6 +17,7 @@ import optax
 import pytest
 
 from t5nb import layerwise
+from t5nb import model as model_lib
 from t5nb.checkpoints import RunCheckpoints, flatten, runs
 from t5nb.config import get_config
 from t5nb.model import shift_right
@@ -182,6 +186,38 @@ class Batches:
 
     def __next__(self):
         return self.batch
+
+
+@pytest.mark.parametrize("remat_policy,lengths", [("none", (9, 7)), ("minimal", (9, 7)), ("full", (9, 7)),
+                                                   ("auto", (9, 7)), ("full", (10, 8))])
+def test_fused_attention_under_scan_and_remat_takes_the_kernel_chosen_before_tracing(monkeypatch, remat_policy,
+                                                                                   lengths):
+    """`attention="dot_product_attention"`, scanned layers, each remat policy, in bfloat16 with
+    the device taken for an H100: at odd lengths cuDNN's kernel is never asked for (where it
+    refused them in its gradient's forward rule, traced late under scan and remat, past any
+    `try`), and the step trains; at even ones it is (a stand-in for it runs XLA's here)."""
+    asked, xla_attention = [], jax.nn.dot_product_attention
+
+    def stand_in(*args, implementation=None, **kwargs):
+        asked.append(implementation)
+        return xla_attention(*args, implementation="xla", **kwargs)
+
+    h100 = types.SimpleNamespace(platform="gpu", compute_capability="9.0",
+                                 client=types.SimpleNamespace(platform_version="cuda 12.8"))
+    monkeypatch.setattr(jax.nn, "dot_product_attention", stand_in)
+    monkeypatch.setattr(model_lib, "attention_implementation",
+                        functools.partial(model_lib.attention_implementation, device=h100))
+    monkeypatch.setattr(trainer_lib, "_COMPILED", collections.OrderedDict())  # each step traced afresh
+    config = get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0, dtype=jnp.bfloat16, scan_layers=True,
+                        remat_policy=remat_policy, attention="dot_product_attention", head_dim=8)
+    trainer = Trainer(config, TrainConfig(learning_rate=1e-2))
+    rng, (inputs, targets) = np.random.default_rng(0), lengths
+    target_tokens = rng.integers(2, 64, (8, targets), dtype=np.int32)
+    batch = {"encoder_input_tokens": rng.integers(2, 64, (8, inputs), dtype=np.int32),
+             "decoder_target_tokens": target_tokens, "decoder_input_tokens": np.asarray(shift_right(target_tokens))}
+    state, sums = trainer.train_step(trainer.init_state(), trainer.shard_batch(batch))
+    assert np.isfinite(float(sums["loss"])) and int(state.step) == 1
+    assert set(asked) == ({"xla"} if inputs % 2 else {"cudnn"})
 
 
 def test_nan_loss_stops_and_names_the_last_good_checkpoint(tmp_path):
