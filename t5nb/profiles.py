@@ -121,7 +121,9 @@ def _flops(bfloat16=None, tf32=None, float32=None) -> dict:
     return {name: value for name, value in (("bfloat16", bfloat16), ("tf32", tf32), ("float32", float32)) if value}
 
 
-CHIPS = {  # vendors' data sheets: dense peak (no sparsity), HBM bandwidth and size; the GPUs' SXM forms
+CHIPS = {  # vendors' data sheets: dense peak (no sparsity), HBM bandwidth and size; the cards learners get:
+    # the P100 as Kaggle's PCIe card (its SXM2 form: 10.6 TFLOP/s), the T4 and L4 (PCIe only), the A100
+    # (the same peaks as PCIe and SXM4), the H100 and H200 in their SXM forms
     "v5e": Chip("TPU v5 lite", "tpu", None, _flops(bfloat16=197e12), 819e9, 16e9, "Colab (1 chip), Kaggle (8 chips)"),
     "v4": Chip("TPU v4", "tpu", None, _flops(bfloat16=275e12), 1228e9, 32e9, "Google Cloud"),
     "v3": Chip("TPU v3", "tpu", None, _flops(bfloat16=123e12), 900e9, 16e9, "Google Cloud"),

@@ -70,27 +70,63 @@ class TrainConfig:
 
 
 def train_step_flops(c: T5Config, batch: int, inputs: int, targets: int) -> float:
-    """The model FLOPs of one train step (PaLM's MFU counts these): matmuls only, 3x the forward
-    (backward = 2x), counted per part; what rematerialisation computes again is not counted.
+    """The model FLOPs of one train step (PaLM's MFU counts these): the matmuls' forward, and in
+    the backward pass the gradients the step computes, counted per matmul; what
+    rematerialisation computes again is not counted.
 
-    Counts projections, attention scores and mixing, MLPs and the output layer; leaves out
-    norms, softmax, embedding lookups and the optimizer (a few % at most).
+    Counts projections (LoRA's too), attention scores and mixing, MLPs and the output layer;
+    leaves out norms, softmax, embedding lookups and the optimizer (a few % at most). Each
+    matmul y = x @ w costs 2·|x|·|w|/n forward, as much again for x's gradient where x carries
+    one (something trainable lies below it) and for w's where w trains. Full training: 3x the
+    forward. With adapters (`adapters.split`), only LoRA's matrices or the prompt train: a
+    frozen kernel gets no gradient, and what depends on nothing trainable (LoRA: each stack's
+    first projections of its input; prompt tuning: the decoder's first self-attention) none at
+    all. A prompt's p vectors lengthen the encoder's input to p + inputs.
     """
     e, hd, m, v = c.emb_dim, c.num_heads * c.head_dim, c.mlp_dim, c.vocab_size
-    n_wi = len(c.mlp_activations)
-    te, td = batch * inputs, batch * targets
+    base_trains = not (c.lora_rank or c.prompt_length)
+    encoder_length = inputs + c.prompt_length
+    te, td = batch * encoder_length, batch * targets
 
-    def attention(q_tokens, kv_tokens, q_len, k_len):
-        projections = 2 * q_tokens * e * hd * 2 + 2 * kv_tokens * e * hd * 2  # q, out; k, v
-        return projections + 2 * 2 * batch * q_len * k_len * hd  # scores and weighted sum
+    def dense(tokens, n, out, live, name):
+        """x [tokens, n] @ w [n, out], and LoRA's x @ a @ b where it adapts `name`: (FLOPs,
+        whether the output carries a gradient)."""
+        forward = 2 * tokens * n * out
+        flops = forward * (1 + live + base_trains)
+        rank = c.lora_rank if name in c.lora_targets else 0
+        if rank:  # x @ a: forward, a's gradient, x's if live; (x a) @ b: forward, b's, (x a)'s
+            flops += 2 * tokens * n * rank * (2 + live) + 2 * tokens * rank * out * 3
+        return flops, live or base_trains or bool(rank)
 
-    def mlp(tokens):
-        return 2 * tokens * e * m * (n_wi + 1)
+    def attention(q_tokens, kv_tokens, q_len, k_len, q_live, kv_live):
+        (fq, lq), (fk, lk), (fv, lv) = (dense(q_tokens, e, hd, q_live, "query"), dense(kv_tokens, e, hd, kv_live, "key"),
+                                        dense(kv_tokens, e, hd, kv_live, "value"))
+        core = 2 * batch * q_len * k_len * hd
+        weights_live = lq or lk
+        scores = core * (1 + lq + lk) + core * (1 + weights_live + lv)  # q k^T; softmax(...) v
+        fo, lo = dense(q_tokens, hd, e, weights_live or lv, "out")
+        return fq + fk + fv + scores + fo, lo or q_live
 
-    encoder = c.num_encoder_layers * (attention(te, te, inputs, inputs) + mlp(te))
-    decoder = c.num_decoder_layers * (attention(td, td, targets, targets)
-                                      + attention(td, te, targets, inputs) + mlp(td))
-    return 3.0 * (encoder + decoder + 2 * td * e * v)
+    def mlp(tokens, live):
+        inputs_ = [dense(tokens, e, m, live, name) for name in c.mlp_inputs]
+        fo, lo = dense(tokens, m, e, any(l for _, l in inputs_), "wo")
+        return sum(f for f, _ in inputs_) + fo, lo or live
+
+    flops, live = 0, base_trains or bool(c.prompt_length)  # the embedded inputs (and prompt)
+    for _ in range(c.num_encoder_layers):
+        f, live = attention(te, te, encoder_length, encoder_length, live, live)
+        flops += f
+        f, live = mlp(te, live)
+        flops += f
+    encoded_live, live = live, base_trains
+    for _ in range(c.num_decoder_layers):
+        f, live = attention(td, td, targets, targets, live, live)
+        flops += f
+        f, live = attention(td, te, targets, encoder_length, live, encoded_live)
+        flops += f
+        f, live = mlp(td, live)
+        flops += f
+    return float(flops + 2 * td * e * v * (1 + live + base_trains))  # the output layer
 
 
 def learning_rate_schedule(config: TrainConfig):

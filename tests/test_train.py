@@ -470,21 +470,30 @@ def test_a_run_trains_to_the_end_and_logs_mfu_only_where_its_chip_has_a_peak_for
     assert ("mfu" in result.history[-1]) == (CHIPS[chip].peak_format(dtype) is not None) == (chip == "h100")
 
 
-def test_a_steps_model_flops_are_xlas_count_of_its_matmuls_and_count_every_scanned_layer():
+@pytest.mark.parametrize("adapters", [{}, {"lora_rank": 8},
+                                      {"lora_rank": 4, "lora_targets": ("query", "key", "out", "wi_0", "wo")},
+                                      {"prompt_length": 20}, {"lora_rank": 8, "prompt_length": 5}])
+def test_a_steps_model_flops_are_xlas_count_of_its_matmuls_and_count_every_scanned_layer(adapters):
     """`train_step_flops` counts the matmuls: within 5% below XLA's count of the whole unrolled
-    step (which adds the elementwise work); a scanned model's step counts the same (XLA's
-    analysis counts a scan's layer once)."""
-    config = get_config("t5.1.1-mini", vocab_size=1024, dropout_rate=0.0)
+    step (which adds the elementwise work), for full training, LoRA (where frozen kernels get no
+    gradient: counting them as trained overstated it by 40%) and prompt tuning (whose prompt
+    lengthens the encoder's input); a scanned model's step counts the same (XLA's analysis
+    counts a scan's layer once)."""
+    config = get_config("t5.1.1-mini", vocab_size=1024, dropout_rate=0.0, **adapters)
     trainer = Trainer(config, TrainConfig(learning_rate=1e-3))
-    batch = {name: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=trainer.batch_sharding)
-             for name, x in trainer.shard_batch(copy_batch(length=32, vocab=1024)).items()}
+    batch = copy_batch(length=32, vocab=1024)
+    batch.update({name: batch[name][:, :12] for name in ("decoder_input_tokens", "decoder_target_tokens")})
+    abstract = {name: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=trainer.batch_sharding)
+                for name, x in trainer.shard_batch(batch).items()}
     rows, inputs = batch["encoder_input_tokens"].shape
     targets = batch["decoder_target_tokens"].shape[1]
-    xla = jax.jit(trainer._train_step_fn).lower(trainer.abstract_state(), {}, batch).cost_analysis()
+    frozen = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), trainer._abstract_frozen)
+    xla = jax.jit(trainer._train_step_fn).lower(trainer.abstract_state(), frozen, abstract).cost_analysis()
     assert 0.95 <= train_step_flops(config, rows, inputs, targets) / xla["flops"] <= 1.0
-    scanned = Trainer(config.replace(scan_layers=True), TrainConfig(learning_rate=1e-3))
-    scanned.train_step(scanned.init_state(), scanned.shard_batch(copy_batch(length=32, vocab=1024)))
-    assert scanned.step_flops() == train_step_flops(config, rows, inputs, targets)
+    if not adapters:
+        scanned = Trainer(config.replace(scan_layers=True), TrainConfig(learning_rate=1e-3))
+        scanned.train_step(scanned.init_state(), scanned.shard_batch(batch))
+        assert scanned.step_flops() == train_step_flops(config, rows, inputs, targets)
 
 
 def test_loading_a_finished_run_shows_no_progress_bar_and_a_run_with_steps_to_go_does(tmp_path, capfd):
