@@ -226,7 +226,9 @@ def efficiencies(decode_measured: dict) -> dict:
     T5.1.1-small's train step at the accelerator course's shape in bfloat16, and at the fp32-gpu
     profile's in float32 (TF32's peak: JAX's default matmul precision there), as MFU (model FLOPs,
     `train_step_flops`); greedy decoding's roofline time over its measured time, for
-    `decode_measured` (`DECODE_MEASURED`'s program, compiled here). Eval steps were not timed:
+    `decode_measured` (`DECODE_MEASURED`'s program, compiled here: for a v5e where libtpu is
+    importable, so the ratio calibrates that program's bytes against the H200's time, not the
+    H200 program's own fraction of its roofline). Eval steps were not timed:
     they get the train step's MFU."""
     phases = json.loads(GPU_RESULTS.read_text())["phases"]
     chip = chip_of(types.SimpleNamespace(device_kind=phases["train-small"]["device"]))
@@ -359,7 +361,7 @@ def main():
     print(f"\ncompiled for {result['compiled_for']} in {result['bench_seconds']} s; measured on an {efficiency['measured_on']}: "
           f"train step MFU {efficiency['train_step']['bfloat16']:.1%} (bfloat16), "
           f"{efficiency['train_step']['float32']:.1%} (float32 as TF32), decoding "
-          f"{efficiency['decode_batch']:.1%} of its roofline; compiling {result['assumptions']['compile_ratios']} "
+          f"{efficiency['decode_batch']:.2f} x the roofline of its program compiled for {result['compiled_for']}; compiling {result['assumptions']['compile_ratios']} "
           f"times this CPU's {COMPILE_RESULTS.name}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
