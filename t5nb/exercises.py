@@ -105,8 +105,8 @@ EXERCISES = {
                      lambda: int(tasks.get_vocabulary("facts").encode("<extra_id_99>")[0])),
     "01.2": Exercise("the share of the tokens salient span masking would have if the mixture drew both tasks equally "
                      "often", _ssm_token_share_at_equal_rates, figures(2)),
-    "01.3": Exercise("the target span corruption makes of 'Ada plays the mandolin .' with 'plays' and 'mandolin' cut "
-                     "out", lambda: _span_corruption_target("Ada plays the mandolin .", {1, 3})),
+    "01.3": Exercise("the target span corruption makes of 'Ada plays the mandolin .' with 'plays' and 'mandolin .' cut "
+                     "out", lambda: _span_corruption_target("Ada plays the mandolin .", {1, 3, 4})),
     "02.1": Exercise("the cross-entropy at one position whose logits are [1, 2, 3] and target 0, without z-loss",
                      lambda: -float(jax.nn.log_softmax(np.array([1.0, 2.0, 3.0]))[0]), figures(3)),
     "02.2": Exercise("the list of steps at which the pretraining run keeps checkpoints",
