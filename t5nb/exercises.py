@@ -137,8 +137,8 @@ EXERCISES = {
                      lambda: float(jax.nn.softmax(np.array([2.0, 0.0, 0.0, 0.0]) / 2)[0]), figures(2)),
     "06.1": Exercise("the number of bits in the facts of 1,000 people whose birth years span 120 years instead of 60",
                      lambda: capacity.world_bits(1000) + 1000 * math.log2(120 / 60), figures(3)),
-    "06.2": Exercise("the number of bits held about 100 people's birth years at a mean loss of 2 bits",
-                     lambda: capacity.stored_bits({"birth_year": [2 * math.log(2)] * 100})["birth_year"], figures(3)),
+    "06.2": Exercise("the number of people whose facts hold 2 bits per parameter of the grid's smallest model",
+                     lambda grid: 2 * min(row["parameters"] for row in grid) / capacity.world_bits(1), figures(3)),
 }
 
 

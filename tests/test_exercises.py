@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from t5nb import analysis
+from t5nb import analysis, capacity
 from t5nb.config import get_config
 from t5nb.exercises import EXERCISES, Solved, check
 from t5nb.tasks import world
@@ -39,7 +39,9 @@ def _printed():
         "05.2": ((round(decoded["em"], 2) + 100) / 2, {"decoded": decoded}),
         "05.3": (2.718 / (2.718 + 3), {}),  # softmax of the logits halved: e^1, e^0 three times
         "06.1": (1000 * (round(one_person, 2) + 1), {}),  # "one person: 23.36 bits", and one bit more a year
-        "06.2": (100 * (round(math.log2(60), 2) - 2.0), {}),  # birth_year's 5.91 bits in the table
+        "06.2": (2 * 10916 / (round(capacity.world_bits(300), 3) / 300),  # the grid's table, rounded to 3 places
+                 {"grid": [{"people": 100, "parameters": 10916, "world_bits": capacity.world_bits(100)},
+                           {"people": 300, "parameters": 20000, "world_bits": capacity.world_bits(300)}]}),
     }
 
 
