@@ -1,4 +1,5 @@
-"""Notebook plots: a live training plot (d2l's Animator, redrawn only at the loop's log points), 02's
+"""Notebook plots: a live training plot (d2l's Animator, redrawn only at the loop's log points), the
+scalars runs logged (TensorBoard's still), 02's
 look inside T5 (position buckets, attention masks), 03's sample-efficiency curve and its comparison of
 fine-tuning methods, 06's knowledge against model size."""
 import matplotlib.pyplot as plt
@@ -78,6 +79,27 @@ class LivePlot:
             self._handle = display(self.figure, display_id=True)
         else:
             self._handle.update(self.figure)
+
+
+def logged_scalars(runs: dict, metrics=("loss", "accuracy"), most_labelled: int = 12):
+    """The scalars runs logged, as TensorBoard plots them: one panel per metric, one line per
+    events folder. `runs`: {label: [(step, {tag: value})]} (`event_logs.logged_steps`); a
+    legend where at most `most_labelled` lines are drawn, else the count in the title."""
+    figure, axes = plt.subplots(1, len(metrics), figsize=(4.8 * len(metrics), 3.2), squeeze=False)
+    for axis, metric in zip(axes[0], metrics):
+        drawn = 0
+        for label, steps in runs.items():
+            points = [(step, values[metric]) for step, values in steps if metric in values]
+            if points:
+                axis.plot(*zip(*points), marker="." if len(points) < 30 else None, label=label)
+                drawn += 1
+        if 0 < drawn <= most_labelled:
+            axis.legend(fontsize="small")
+        axis.set(xlabel="step", title=metric if drawn <= most_labelled else f"{metric} ({drawn} runs)")
+        axis.grid(alpha=0.3)
+    figure.tight_layout()
+    plt.close(figure)
+    return figure
 
 
 def token_lengths(measured: dict, lengths: dict, title: str):

@@ -22,6 +22,7 @@ class AskWidget:
         self.answer = widgets.HTML()
         self.button.on_click(lambda _: self.ask())
         self.view = widgets.VBox([widgets.HBox([self.question, self.button]), self.answer])
+        self.last, self.shown = None, None  # the last (question, answer); the display showing the widget
 
     def ask(self, question: str | None = None) -> str:
         """Answer `question` (default: the text box), show it and return it."""
@@ -29,12 +30,21 @@ class AskWidget:
         self.question.value = question
         answer = self.predict([question or self.question.placeholder])[0]
         self.answer.value = f"<b>Answer:</b> {answer}"
+        self.last = (question or self.question.placeholder, answer)
+        if self.shown is not None:
+            self.shown.update(self.mimebundle(), raw=True)
         return answer
+
+    def mimebundle(self) -> dict:
+        """The widget's view, and as text what it shows (the last question and its answer): a
+        saved notebook without the widgets' state (GitHub, nbviewer) shows the text instead."""
+        text = "Question: {}\nAnswer: {}".format(*self.last) if self.last else "(a question box; nothing asked yet)"
+        return {**self.view._repr_mimebundle_(), "text/plain": text}
 
     def _ipython_display_(self):
         from IPython.display import display  # optional: shown only in a notebook
 
-        display(self.view)
+        self.shown = display(self.mimebundle(), raw=True, display_id=True)
 
 
 OFF = "T5NB_TENSORBOARD"  # "0": `tensorboard` starts no server
@@ -69,6 +79,53 @@ def tensorboard(*logdirs, height: int = 560) -> None:
     if isinstance(started, manager.StartLaunched):
         atexit.register(_stop, started.info.pid)
     notebook.display(port=started.info.port, height=height)
+    from IPython import get_ipython  # only a notebook shows the still
+
+    if get_ipython() is not None:
+        still = LoggedScalars(paths)
+        still()
+        get_ipython().events.register("post_run_cell", still)
+
+
+class LoggedScalars:
+    """A still of TensorBoard's scalars under its frame: the frame stays blank in a saved notebook
+    (or on GitHub) once its server has stopped with the kernel; this image of the runs' loss and
+    accuracy is saved with it. Redrawn after each cell that wrote to the runs' events files
+    (IPython's `post_run_cell`); a cell that wrote none costs a look at their sizes."""
+
+    def __init__(self, logdirs: list):
+        self.logdirs, self.seen, self.shown = [pathlib.Path(logdir) for logdir in logdirs], None, None
+
+    def events_files(self) -> dict:
+        """{events file: its size} under the runs, which grow as the runs log."""
+        return {path: path.stat().st_size for logdir in self.logdirs
+                for path in sorted(logdir.glob("**/events.out.tfevents.*"))}
+
+    def runs(self) -> dict:
+        """{label: [(step, {tag: value})]} of each folder of events files, labelled by its path
+        under its run (TensorBoard's run names)."""
+        from t5nb.event_logs import logged_steps  # imports TensorFlow: only once a run has logged
+
+        folders = sorted({path.parent for path in self.seen})
+        root = {folder: next(logdir for logdir in self.logdirs if folder.is_relative_to(logdir)) for folder in folders}
+        label = {folder: str(folder.relative_to(root[folder].parent if len(self.logdirs) > 1 else root[folder]))
+                 for folder in folders}
+        return {label[folder]: logged_steps(folder) for folder in folders}
+
+    def __call__(self, *_) -> None:
+        files = self.events_files()
+        if not files or files == self.seen:
+            return
+        from IPython.display import display  # in a notebook only
+
+        from t5nb.plots import logged_scalars  # matplotlib and the training loop: only once a run has logged
+
+        self.seen = files
+        figure = logged_scalars(self.runs())
+        if self.shown is None:
+            self.shown = display(figure, display_id=True)
+        else:
+            self.shown.update(figure)
 
 
 def _stop(pid: int) -> None:

@@ -23,6 +23,60 @@ def test_ask_widget_shows_the_answer_of_the_predictor():
     assert asked == ["where was ada born?", "who?"] and "WHO?" in widget.answer.value
 
 
+def test_ask_widget_is_saved_with_its_last_answer_as_text(monkeypatch):
+    """A saved notebook without the widgets' state shows the text beside the widget's view."""
+    from IPython import display
+
+    shown = []
+
+    class Handle:
+        def update(self, bundle, raw):
+            shown.append(bundle)
+
+    monkeypatch.setattr(display, "display", lambda bundle, raw, display_id: shown.append(bundle) or Handle())
+    widget = widgets.AskWidget(lambda questions: [q.upper() for q in questions], placeholder="who?")
+    widget._ipython_display_()
+    widget.ask("where was ada born?")
+    assert [bundle["text/plain"] for bundle in shown] == [
+        "(a question box; nothing asked yet)", "Question: where was ada born?\nAnswer: WHERE WAS ADA BORN?"]
+    assert shown[-1]["application/vnd.jupyter.widget-view+json"]["model_id"] == widget.view.model_id
+
+
+def test_tensorboards_still_plots_the_runs_logged_scalars_and_redraws_only_when_they_change(tmp_path, monkeypatch):
+    """The image saved under TensorBoard's frame: each events folder a line, named as TensorBoard
+    names its run; drawn when a run has logged, again only after its events files grew."""
+    from IPython import display
+
+    from t5nb.train import metric_writers  # clu's, TensorFlow imported first with accelerators hidden
+
+    def log(folder, step, loss):
+        writer = metric_writers.create_default_writer(str(folder))
+        writer.write_scalars(step, {"loss": loss, "accuracy": 1 - loss})
+        writer.flush()
+
+    shown = []
+
+    class Handle:
+        def update(self, figure):
+            shown.append(figure)
+
+    monkeypatch.setattr(display, "display", lambda figure, display_id: shown.append(figure) or Handle())
+    still = widgets.LoggedScalars([tmp_path / "pretrained", tmp_path / "scratch"])
+    still()
+    assert shown == []  # nothing logged yet
+    log(tmp_path / "pretrained" / "train", 10, 0.5)
+    log(tmp_path / "scratch" / "train", 10, 0.9)
+    still()
+    still()  # nothing new: not drawn again
+    log(tmp_path / "pretrained" / "training_eval" / "qa", 20, 0.4)
+    still()
+    assert len(shown) == 2
+    loss = shown[-1].axes[0]
+    assert loss.get_title() == "loss" and [line.get_label() for line in loss.get_lines()] == [
+        "pretrained/train", "pretrained/training_eval/qa", "scratch/train"]
+    assert [list(line.get_ydata()) for line in loss.get_lines()] == [[0.5], [pytest.approx(0.4)], [pytest.approx(0.9)]]
+
+
 def test_tensorboard_serves_the_run_and_stops_with_the_kernel(tmp_path):
     """In a process standing in for the kernel: the server it starts and shows answers for
     `logdir`, and is gone once that process has exited, which waits for the server's exit. Other
