@@ -77,26 +77,12 @@ def test_run_course_writes_notebook_log_and_results_even_on_failure(tmp_path, ca
     assert not _kernels_of(os.getpid())  # and is shut down when its notebook ends
 
 
-def test_a_training_bar_is_saved_as_it_ended_not_as_it_started(tmp_path):
+def test_a_training_bar_is_saved_as_it_ended_showing_the_steps_over_the_time_they_took(tmp_path):
     """tqdm's widget is saved in the state it was first shown in unless its display is updated:
-    `train`'s bar is updated when it closes, so the notebook and its log keep its last line."""
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
-        "from t5nb.train import progress_bar\n"
-        "bar = progress_bar(total=30, initial=0, desc='train', unit='step')\n"
-        "for _ in range(30):\n    bar.update(1)\nbar.close()")],
-        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
-    (tmp_path / "nb").mkdir()
-    nbformat.write(nb, tmp_path / "nb" / "00_bar.ipynb")
-    assert run_course(tmp_path / "runs", notebooks_dir=tmp_path / "nb")["00_bar"]["ok"]
-    log = (tmp_path / "runs" / "00_bar.log").read_text()
-    assert "train: 100%" in log and " 0%" not in log, log
-
-
-def test_a_training_bar_shows_the_steps_over_the_time_they_took(tmp_path):
-    """The loop's steps return at dispatch and it waits at log points: a bar updated in bursts
-    that way, in a notebook as the course runs it, ends showing within 20% of steps / elapsed
-    (tqdm's default smoothing, a moving average that the notebook bar's saved line kept, showed
-    24% above it here, and 2 to 5 times the true rate in the course's runs)."""
+    `train`'s bar is updated when it closes, so the notebook and its log keep its last line. The
+    loop's steps return at dispatch and it waits at log points: a bar updated in bursts that way
+    ends showing within 20% of steps / elapsed (tqdm's default smoothing, a moving average that
+    the saved line kept, showed 24% above it here, and 2 to 5 times the true rate in the course)."""
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
         "import time\nfrom t5nb.train import progress_bar\n"
         "bar, start = progress_bar(total=100, initial=0, desc='train', unit='step'), time.perf_counter()\n"
@@ -105,9 +91,10 @@ def test_a_training_bar_shows_the_steps_over_the_time_they_took(tmp_path):
         "bar.close()\nprint(f'true rate {100 / (time.perf_counter() - start):.3f}')")],
         metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}})
     (tmp_path / "nb").mkdir()
-    nbformat.write(nb, tmp_path / "nb" / "00_rate.ipynb")
-    assert run_course(tmp_path / "runs", notebooks_dir=tmp_path / "nb")["00_rate"]["ok"]
-    log = (tmp_path / "runs" / "00_rate.log").read_text()
+    nbformat.write(nb, tmp_path / "nb" / "00_bar.ipynb")
+    assert run_course(tmp_path / "runs", notebooks_dir=tmp_path / "nb")["00_bar"]["ok"]
+    log = (tmp_path / "runs" / "00_bar.log").read_text()
+    assert "train: 100%" in log and " 0%" not in log, log
     shown = float(re.findall(r"train: 100%.*?([\d.]+)step/s", log)[-1])
     true = float(re.search(r"true rate ([\d.]+)", log).group(1))
     assert abs(shown / true - 1) <= 0.2, log
