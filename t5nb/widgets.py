@@ -83,7 +83,7 @@ def tensorboard(*logdirs, height: int = 560) -> None:
 
     if get_ipython() is not None:
         still = LoggedScalars(paths)
-        still()
+        still.place()
         get_ipython().events.register("post_run_cell", still)
 
 
@@ -112,20 +112,22 @@ class LoggedScalars:
                  for folder in folders}
         return {label[folder]: logged_steps(folder) for folder in folders}
 
+    def place(self) -> None:
+        """Its place, under the frame: empty until a run has logged, then drawn there (a later
+        cell's hook updates this display; one made there would land under that cell)."""
+        from IPython.display import display  # in a notebook only
+
+        self.shown = display({"text/plain": ""}, raw=True, display_id=True)
+        self()
+
     def __call__(self, *_) -> None:
         files = self.events_files()
         if not files or files == self.seen:
             return
-        from IPython.display import display  # in a notebook only
-
         from t5nb.plots import logged_scalars  # matplotlib and the training loop: only once a run has logged
 
         self.seen = files
-        figure = logged_scalars(self.runs())
-        if self.shown is None:
-            self.shown = display(figure, display_id=True)
-        else:
-            self.shown.update(figure)
+        self.shown.update(logged_scalars(self.runs()))
 
 
 def _stop(pid: int) -> None:

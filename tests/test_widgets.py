@@ -43,8 +43,9 @@ def test_ask_widget_is_saved_with_its_last_answer_as_text(monkeypatch):
 
 
 def test_tensorboards_still_plots_the_runs_logged_scalars_and_redraws_only_when_they_change(tmp_path, monkeypatch):
-    """The image saved under TensorBoard's frame: each events folder a line, named as TensorBoard
-    names its run; drawn when a run has logged, again only after its events files grew."""
+    """The image saved under TensorBoard's frame: placed there empty, each events folder a line,
+    named as TensorBoard names its run; drawn when a run has logged, again only after its events
+    files grew."""
     from IPython import display
 
     from t5nb.train import metric_writers  # clu's, TensorFlow imported first with accelerators hidden
@@ -54,16 +55,16 @@ def test_tensorboards_still_plots_the_runs_logged_scalars_and_redraws_only_when_
         writer.write_scalars(step, {"loss": loss, "accuracy": 1 - loss})
         writer.flush()
 
-    shown = []
+    placed, shown = [], []
 
     class Handle:
         def update(self, figure):
             shown.append(figure)
 
-    monkeypatch.setattr(display, "display", lambda figure, display_id: shown.append(figure) or Handle())
+    monkeypatch.setattr(display, "display", lambda bundle, raw, display_id: placed.append(bundle) or Handle())
     still = widgets.LoggedScalars([tmp_path / "pretrained", tmp_path / "scratch"])
-    still()
-    assert shown == []  # nothing logged yet
+    still.place()  # under TensorBoard's frame, where later cells' updates draw
+    assert placed == [{"text/plain": ""}] and shown == []  # nothing logged yet
     log(tmp_path / "pretrained" / "train", 10, 0.5)
     log(tmp_path / "scratch" / "train", 10, 0.9)
     still()
