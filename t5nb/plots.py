@@ -81,11 +81,13 @@ class LivePlot:
             self._handle.update(self.figure)
 
 
-def logged_scalars(runs: dict, metrics=("loss", "accuracy"), most_labelled: int = 12):
+def logged_scalars(runs: dict, metrics=("loss", "accuracy"), most_labelled: int = 12, title: str | None = None):
     """The scalars runs logged, as TensorBoard plots them: one panel per metric, one line per
     events folder. `runs`: {label: [(step, {tag: value})]} (`event_logs.logged_steps`); a
     legend where at most `most_labelled` lines are drawn, else the count in the title."""
     figure, axes = plt.subplots(1, len(metrics), figsize=(4.8 * len(metrics), 3.2), squeeze=False)
+    if title:
+        figure.suptitle(title)
     for axis, metric in zip(axes[0], metrics):
         drawn = 0
         for label, steps in runs.items():
