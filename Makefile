@@ -22,7 +22,7 @@ export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
 # processes compile the same small programs again and again
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 
-.PHONY: setup setup-test course test bench clean
+.PHONY: setup setup-test course lab test bench clean
 
 setup: $(VENV)/.base
 setup-test: $(VENV)/.test
@@ -45,6 +45,15 @@ $(VENV)/.test: $(VENV)/.base requirements/test.lock
 # numbers: `python scripts/course_table.py` (docs/course_results.json and the README's table).
 course: $(VENV)/.base
 	$(PY) -m t5nb course --fresh --out runs
+
+# The course in JupyterLab on this machine, to step through it: the notebooks folder on localhost,
+# with a token (the URL it prints opens it; JUPYTER_TOKEN sets one); the notebooks' runs go to
+# runs/, as `make course` writes them (t5nb.system.runs_dir). LAB_PORT picks another port. As root
+# too (a container's user), which JupyterLab refuses unless told: it listens on localhost only.
+LAB_PORT ?= 8888
+lab: $(VENV)/.base
+	$(VENV)/bin/jupyter lab --no-browser --ServerApp.ip=localhost --ServerApp.port=$(LAB_PORT) \
+	  --ServerApp.port_retries=0 --ServerApp.root_dir=$(CURDIR)/notebooks --ServerApp.allow_root=True
 
 # All tests: pytest on tests/ and nbval (lax) on every notebook with the CI profile, in fresh
 # run folders, spread over the cores (conftest.py); beside it, the dress rehearsal of the Colab
