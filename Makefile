@@ -22,9 +22,10 @@ export JAX_COMPILATION_CACHE_DIR ?= $(CURDIR)/.jax_cache
 # processes compile the same small programs again and again
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 
-.PHONY: setup setup-test course lab test bench clean
+.PHONY: setup setup-lab setup-test course lab test bench clean
 
 setup: $(VENV)/.base
+setup-lab: $(VENV)/.lab
 setup-test: $(VENV)/.test
 
 $(VENV)/.base: requirements/base.lock pyproject.toml
@@ -36,7 +37,13 @@ $(VENV)/.base: requirements/base.lock pyproject.toml
 	$(COMPILE)
 	touch $@
 
-$(VENV)/.test: $(VENV)/.base requirements/test.lock
+$(VENV)/.lab: $(VENV)/.base requirements/lab.lock
+	$(PIP) -r requirements/lab.lock
+	$(PY) -m pip check
+	touch $@
+
+# the tests start JupyterLab through `make lab` (tests/test_install.py)
+$(VENV)/.test: $(VENV)/.lab requirements/test.lock
 	$(PIP) -r requirements/test.lock
 	$(PY) -m pip check
 	touch $@
@@ -51,7 +58,7 @@ course: $(VENV)/.base
 # runs/, as `make course` writes them (t5nb.system.runs_dir). LAB_PORT picks another port. As root
 # too (a container's user), which JupyterLab refuses unless told: it listens on localhost only.
 LAB_PORT ?= 8888
-lab: $(VENV)/.base
+lab: $(VENV)/.lab
 	$(VENV)/bin/jupyter lab --no-browser --ServerApp.ip=localhost --ServerApp.port=$(LAB_PORT) \
 	  --ServerApp.port_retries=0 --ServerApp.root_dir=$(CURDIR)/notebooks --ServerApp.allow_root=True
 
