@@ -361,7 +361,8 @@ def main():
     print(f"\ncompiled for {result['compiled_for']} in {result['bench_seconds']} s; measured on an {efficiency['measured_on']}: "
           f"train step MFU {efficiency['train_step']['bfloat16']:.1%} (bfloat16), "
           f"{efficiency['train_step']['float32']:.1%} (float32 as TF32), decoding "
-          f"{efficiency['decode_batch']:.2f} x the roofline of its program compiled for {result['compiled_for']}; compiling {result['assumptions']['compile_ratios']} "
+          f"{efficiency['decode_batch']:.2f} x the roofline of its program compiled for {result['compiled_for']}; "
+          f"compiling {result['assumptions']['compile_ratios']} "
           f"times this CPU's {COMPILE_RESULTS.name}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")

@@ -444,8 +444,8 @@ def attention_kernels(trainer, batch, inputs: int, targets: int) -> dict:
 
     c = trainer.run_config
     program = trainer.compile_train_step(trainer.abstract_state(), batch).as_text()  # the one that ran
-    chosen = {name: attention_implementation(q, k, c.head_dim, c.dtype) for name, (q, k) in
-              {"encoder": (inputs, inputs), "decoder": (targets, targets), "encoder_decoder": (targets, inputs)}.items()}
+    lengths = {"encoder": (inputs, inputs), "decoder": (targets, targets), "encoder_decoder": (targets, inputs)}
+    chosen = {name: attention_implementation(q, k, c.head_dim, c.dtype) for name, (q, k) in lengths.items()}
     return {"chosen": chosen, "cudnn_calls": cudnn_attention_calls(program)}
 
 

@@ -99,8 +99,8 @@ def train_step_flops(c: T5Config, batch: int, inputs: int, targets: int) -> floa
         return flops, live or base_trains or bool(rank)
 
     def attention(q_tokens, kv_tokens, q_len, k_len, q_live, kv_live):
-        (fq, lq), (fk, lk), (fv, lv) = (dense(q_tokens, e, hd, q_live, "query"), dense(kv_tokens, e, hd, kv_live, "key"),
-                                        dense(kv_tokens, e, hd, kv_live, "value"))
+        (fq, lq), (fk, lk), (fv, lv) = (dense(q_tokens, e, hd, q_live, "query"),
+                                        dense(kv_tokens, e, hd, kv_live, "key"), dense(kv_tokens, e, hd, kv_live, "value"))
         core = 2 * batch * q_len * k_len * hd
         weights_live = lq or lk
         scores = core * (1 + lq + lk) + core * (1 + weights_live + lv)  # q k^T; softmax(...) v
@@ -108,9 +108,9 @@ def train_step_flops(c: T5Config, batch: int, inputs: int, targets: int) -> floa
         return fq + fk + fv + scores + fo, lo or q_live
 
     def mlp(tokens, live):
-        inputs_ = [dense(tokens, e, m, live, name) for name in c.mlp_inputs]
-        fo, lo = dense(tokens, m, e, any(l for _, l in inputs_), "wo")
-        return sum(f for f, _ in inputs_) + fo, lo or live
+        projections = [dense(tokens, e, m, live, name) for name in c.mlp_inputs]
+        fo, lo = dense(tokens, m, e, any(carries for _, carries in projections), "wo")
+        return sum(f for f, _ in projections) + fo, lo or live
 
     flops, live = 0, base_trains or bool(c.prompt_length)  # the embedded inputs (and prompt)
     for _ in range(c.num_encoder_layers):

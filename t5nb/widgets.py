@@ -127,7 +127,8 @@ class LoggedScalars:
         from t5nb.plots import logged_scalars  # matplotlib and the training loop: only once a run has logged
 
         self.seen = files
-        self.shown.update(logged_scalars(self.runs(), title="TensorBoard's scalars as last logged (a still of the frame)"))
+        title = "TensorBoard's scalars as last logged (a still of the frame)"
+        self.shown.update(logged_scalars(self.runs(), title=title))
 
 
 def _stop(pid: int) -> None:

@@ -63,8 +63,8 @@ def test_a_variant_builds_its_trainer_with_the_fields_it_changes(gpu):
 def test_a_fused_attention_phase_records_the_kernel_chosen_and_the_cudnn_calls_its_program_makes(gpu):
     """On a CPU: XLA's attention chosen everywhere, no cuDNN call in the program; a GPU program's
     cuDNN calls (their HLO form) are counted by target."""
-    trainer, lengths, _, profile = gpu.course_trainer({"profile": "rehearsal", "dtype": "float32", "rows": 4,
-                                                       "config": {"attention": "dot_product_attention"}}, "pretrain_step")
+    settings = {"profile": "rehearsal", "dtype": "float32", "rows": 4, "config": {"attention": "dot_product_attention"}}
+    trainer, lengths, _, profile = gpu.course_trainer(settings, "pretrain_step")
     batch = {name: jax.ShapeDtypeStruct(shape, np.int32, sharding=trainer.batch_sharding) for name, shape in
              (("encoder_input_tokens", (4, lengths["inputs"])), ("decoder_input_tokens", (4, lengths["targets"])),
               ("decoder_target_tokens", (4, lengths["targets"])))}
