@@ -92,9 +92,12 @@ class Chip:
     offered_by: str  # where a learner gets one
 
     def device(self):
-        """What `compute_dtype` and `profile_name_for` read of a jax.Device on this chip."""
+        """What `compute_dtype`, `profile_name_for` and `model.attention_implementation` read of
+        a jax.Device on this chip (an NVIDIA GPU's runtime: CUDA)."""
+        runtime = "cuda" if self.platform == "gpu" else self.platform
         return types.SimpleNamespace(platform=self.platform, device_kind=self.kind,
-                                     compute_capability=self.compute_capability)
+                                     compute_capability=self.compute_capability,
+                                     client=types.SimpleNamespace(platform_version=runtime))
 
     def peak_format(self, dtype) -> str | None:
         """The data sheet's matmul format that `dtype` computes in: float32 runs as TF32 where the

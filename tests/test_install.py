@@ -3,9 +3,15 @@ TensorFlow, host memory kept and the cycle collector tuned by `t5nb.tune_host()`
 import importlib.metadata
 import json
 import os
+import pathlib
 import platform
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 
@@ -140,13 +146,6 @@ def test_make_lab_serves_the_course_in_jupyterlab_with_the_widgets_front_end(tmp
     """`make lab` (the README's command) starts JupyterLab from .venv on localhost, behind a
     token, on the notebooks folder, with the widgets' front end (the progress bars, the ask
     widget) among its extensions."""
-    import pathlib
-    import signal
-    import socket
-    import time
-    import urllib.error
-    import urllib.request
-
     root = pathlib.Path(__file__).resolve().parents[1]
     with socket.socket() as probe:  # a free port
         probe.bind(("localhost", 0))

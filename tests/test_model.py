@@ -12,6 +12,7 @@ from t5nb import decode
 from t5nb.checkpoints import abstract_params, flatten, model_from_params, params_of, unflatten
 from t5nb.config import get_config
 from t5nb.model import Dropout, Transformer, attention_implementation, shift_right
+from t5nb.profiles import CHIPS
 
 VOCAB = 64
 # Published sizes (vocab 32128): T5 paper / T5X model cards, T5.1.1 checkpoints.
@@ -171,25 +172,21 @@ def test_attention_through_dot_product_attention_computes_what_the_einsums_do():
         assert error["dot_product_attention"] <= 1.5 * error["einsum"] + 0.01 * scale, (path, error, scale)
 
 
-def gpu(capability: str, runtime: str = "cuda 12.8") -> types.SimpleNamespace:
-    """What `attention_implementation` reads of a GPU's jax.Device."""
-    return types.SimpleNamespace(platform="gpu", compute_capability=capability,
-                                 client=types.SimpleNamespace(platform_version=runtime))
-
-
 def test_cudnns_attention_is_chosen_only_where_each_of_its_conditions_holds():
     """cuDNN's kernel on an NVIDIA GPU from Ampere on, in bfloat16 or float16, with a head dim a
     multiple of 8 (at most 128 before Hopper, 256 from it) and even lengths; XLA's otherwise,
     decided before tracing (a CPU has no cuDNN: the conditions are what this checks)."""
-    h100, a100 = gpu("9.0"), gpu("8.0")
+    h100, a100, t4 = (CHIPS[key].device() for key in ("h100", "a100", "t4"))
+    rocm = types.SimpleNamespace(platform="gpu", compute_capability="gfx90a",
+                                 client=types.SimpleNamespace(platform_version="rocm 6.4"))
     assert attention_implementation(512, 512, 64, jnp.bfloat16, h100) == "cudnn"
     assert attention_implementation(114, 512, 64, jnp.float16, a100) == "cudnn"
     excluded = [(127, 512, 64, jnp.bfloat16, h100), (114, 511, 64, jnp.bfloat16, h100),  # an odd length
                 (1, 512, 64, jnp.bfloat16, h100),  # decoding's one-position step
                 (512, 512, 64, jnp.float32, h100),  # float32
                 (512, 512, 60, jnp.bfloat16, h100), (512, 512, 192, jnp.bfloat16, a100),  # head dims
-                (512, 512, 64, jnp.bfloat16, gpu("7.5")),  # a T4
-                (512, 512, 64, jnp.bfloat16, gpu("gfx90a", "rocm 6.4")),  # a GPU without CUDA
+                (512, 512, 64, jnp.bfloat16, t4),
+                (512, 512, 64, jnp.bfloat16, rocm),  # a GPU without CUDA
                 (512, 512, 64, jnp.bfloat16, jax.devices("cpu")[0])]
     assert [attention_implementation(*case) for case in excluded] == ["xla"] * len(excluded)
     assert attention_implementation(512, 512, 192, jnp.bfloat16, h100) == "cudnn"

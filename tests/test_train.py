@@ -6,7 +6,6 @@ import os
 import pathlib
 import signal
 import subprocess
-import types
 import sys
 import warnings
 
@@ -202,11 +201,9 @@ def test_fused_attention_under_scan_and_remat_takes_the_kernel_chosen_before_tra
         asked.append(implementation)
         return xla_attention(*args, implementation="xla", **kwargs)
 
-    h100 = types.SimpleNamespace(platform="gpu", compute_capability="9.0",
-                                 client=types.SimpleNamespace(platform_version="cuda 12.8"))
     monkeypatch.setattr(jax.nn, "dot_product_attention", stand_in)
     monkeypatch.setattr(model_lib, "attention_implementation",
-                        functools.partial(model_lib.attention_implementation, device=h100))
+                        functools.partial(model_lib.attention_implementation, device=CHIPS["h100"].device()))
     monkeypatch.setattr(trainer_lib, "_COMPILED", collections.OrderedDict())  # each step traced afresh
     config = get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0, dtype=jnp.bfloat16, scan_layers=True,
                         remat_policy=remat_policy, attention="dot_product_attention", head_dim=8)

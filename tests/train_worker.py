@@ -24,6 +24,7 @@ args = parser.parse_args()
 import jax  # noqa: E402
 
 from t5nb import mesh as mesh_lib  # noqa: E402
+from t5nb.checkpoints import flatten  # noqa: E402
 from t5nb.config import get_config  # noqa: E402
 from t5nb.model import shift_right  # noqa: E402
 from t5nb.train import train  # noqa: E402
@@ -46,11 +47,6 @@ class CopyTask:
         return {"encoder_input_tokens": x, "decoder_target_tokens": t, "decoder_input_tokens": d}
 
 
-def flat(params) -> dict:
-    return {"/".join(str(k.key) for k in path): np.asarray(v)
-            for path, v in jax.tree_util.tree_flatten_with_path(params)[0]}
-
-
 def trainer_on(data: int, model: int) -> Trainer:
     mesh = mesh_lib.make_mesh(model, jax.devices()[: data * model])
     return Trainer(get_config("t5.1.1-tiny", vocab_size=128, dropout_rate=0.1), TrainConfig(learning_rate=1e-2), mesh)
@@ -70,16 +66,16 @@ for shape in args.meshes.split(","):
     data, model = map(int, shape.split("x"))
     trainer = trainer_on(data, model)
     result = train(trainer, CopyTask(), args.steps, f"{args.out}.{shape}.run", checkpoint_every=0, progress=False)
-    np.savez(f"{args.out}.{shape}.npz", **flat(result.state.params))
+    np.savez(f"{args.out}.{shape}.npz", **flatten(jax.device_get(result.state.params)))
     print(json.dumps({"mesh": dict(trainer.mesh.shape), "loss": result.history[-1]["loss"]}))
 if args.nudge_ulps:
     trainer = trainer_on(1, 1)
     initial = trainer.init_params()
-    np.savez(f"{args.out}.init.npz", **flat(initial))
+    np.savez(f"{args.out}.init.npz", **flatten(jax.device_get(initial)))
     for seed in range(args.nudge_seeds):
         state = trainer.init_state(nudged(initial, args.nudge_ulps, np.random.default_rng(seed)))
         result = train(trainer, CopyTask(), args.steps, f"{args.out}.nudged{seed}.run", checkpoint_every=0,
                        progress=False, state=state)
-        np.savez(f"{args.out}.nudged{seed}.npz", **flat(result.state.params))
+        np.savez(f"{args.out}.nudged{seed}.npz", **flatten(jax.device_get(result.state.params)))
 sys.stdout.flush()
 os._exit(0)  # skip the slow interpreter teardown of TF and orbax threads
