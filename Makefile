@@ -55,12 +55,13 @@ course: $(VENV)/.base
 
 # The course in JupyterLab on this machine, to step through it: the notebooks folder on localhost,
 # with a token (the URL it prints opens it; JUPYTER_TOKEN sets one); the notebooks' runs go to
-# runs/, as `make course` writes them (t5nb.system.runs_dir). LAB_PORT picks another port. As root
-# too (a container's user), which JupyterLab refuses unless told: it listens on localhost only.
+# runs/, as `make course` writes them (t5nb.system.runs_dir). LAB_PORT picks another port; LAB_ARGS
+# passes JupyterLab more options (tests/test_browser.py). As root too (a container's user), which
+# JupyterLab refuses unless told: it listens on localhost only.
 LAB_PORT ?= 8888
 lab: $(VENV)/.lab
 	$(VENV)/bin/jupyter lab --no-browser --ServerApp.ip=localhost --ServerApp.port=$(LAB_PORT) \
-	  --ServerApp.port_retries=0 --ServerApp.root_dir=$(CURDIR)/notebooks --ServerApp.allow_root=True
+	  --ServerApp.port_retries=0 --ServerApp.root_dir=$(CURDIR)/notebooks --ServerApp.allow_root=True $(LAB_ARGS)
 
 # All tests: pytest on tests/ and nbval (lax) on every notebook with the CI profile, in fresh
 # run folders, spread over the cores (conftest.py); beside it, the dress rehearsal of the Colab

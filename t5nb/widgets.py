@@ -52,9 +52,11 @@ OFF = "T5NB_TENSORBOARD"  # "0": `tensorboard` starts no server
 
 def tensorboard(*logdirs, height: int = 560) -> None:
     """TensorBoard inline on one or more run directories (runs named by their folder), in
-    Colab and in Jupyter. Start it before training and the curves fill in as the runs write
-    them (it rereads the logs every 5 s), even for runs that do not exist yet. A server this
-    call starts stops when the kernel exits; one already serving the same runs is reused.
+    Colab and in Jupyter. Start it before training: its server rereads the logs every 5 s, even
+    of runs that do not exist yet, and its page shows what they held when it loaded, until its
+    ⟳ button (or "Reload data" in its settings) brings in the rest (TensorBoard 2.21, in
+    Chromium); the still under it is redrawn after each cell that logs. A server this call
+    starts stops when the kernel exits; one already serving the same runs is reused.
 
     Where no one sees the notebook (headless runs: `make test` runs every notebook twice),
     `T5NB_TENSORBOARD=0` starts no server and prints the command that shows the runs: a server

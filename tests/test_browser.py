@@ -1,0 +1,275 @@
+"""The course as a learner sees it: JupyterLab from .venv (`make lab`, the README's command) and a
+headless Chromium from the system's packages (Debian's `chromium`, driven by Playwright through its
+executable path: no browser is downloaded). 02, 03 and 04 run under the `ci` profile through the
+page, each cell by JupyterLab's own "Run All", and the page is checked as a person would look at
+it: no error output, every progress bar drawn as a widget that ends full, each live training plot
+an image that changes while it trains, TensorBoard's frame showing the run's scalars once its ⟳
+is clicked (04, with a server) or the command that shows them (02 and 03, `T5NB_TENSORBOARD=0`), 04's question box
+answering a question typed into it, and the outputs nbval compares as recorded. Screenshots of the
+checked cells are kept in runs/browser/<notebook>/ for a person to look at.
+
+Each runs in run folders of its own, training what it needs as when opened alone. Where Chromium
+is installed, `make test` runs these in place of nbval's `ci` runs of the same notebooks."""
+import importlib.util
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+
+import pytest
+
+from t5nb.course import NOTEBOOKS
+
+playwright = pytest.importorskip("playwright.sync_api")
+
+ROOT = NOTEBOOKS.parent
+_spec = importlib.util.spec_from_file_location("record_outputs", ROOT / "scripts" / "record_outputs.py")
+record_outputs = importlib.util.module_from_spec(_spec)  # which cells' outputs nbval compares
+_spec.loader.exec_module(record_outputs)
+CHROMIUM = pathlib.Path(os.environ.get("T5NB_CHROMIUM", "/usr/bin/chromium"))
+# Chromium as root, in a closed network: no sandbox, no GPU, and none of its own connections
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+IN_BROWSER = ("02_pretraining", "03_finetuning", "04_closed_book_qa")
+WITH_TENSORBOARD = "04_closed_book_qa"  # one notebook with a TensorBoard server; the others print its command
+TOKEN = "course"
+BAR_LINE = re.compile(r"(\d+)%\|.*\|\s*(\d+)/(\d+)")  # a closed bar's last line, as text: "train: 100%|███| 20/20 [..."
+
+# What the page records as it runs: each progress bar's states (width and style, as drawn), and each
+# image output's successive pictures (a hash of each), by cell index. A MutationObserver sees every
+# change the widgets and JupyterLab make, however short-lived.
+RECORDER = """() => {
+  const cells = () => window.jupyterapp.shell.currentWidget.content.widgets;
+  const cellOf = (el) => { const node = el.closest('.jp-Cell'); return cells().findIndex(c => c.node === node); };
+  const ids = new WeakMap(); let next = 0;
+  const id = (el) => { if (!ids.has(el)) ids.set(el, next++); return ids.get(el); };
+  const hash = (text) => { let h = 0; for (let i = 0; i < text.length; i++) h = (h * 31 + text.charCodeAt(i)) | 0; return h; };
+  const seen = window.t5nbSeen = {bars: {}, images: {}};
+  const scan = () => {
+    for (const bar of document.querySelectorAll('.jp-Notebook .jp-OutputArea-output .progress-bar')) {
+      const entry = seen.bars[id(bar)] ??= {cell: cellOf(bar), states: []};
+      const state = [bar.style.width, bar.classList.contains('progress-bar-success')];
+      if (JSON.stringify(entry.states.at(-1)) !== JSON.stringify(state)) entry.states.push(state);
+    }
+    for (const img of document.querySelectorAll('.jp-Notebook .jp-OutputArea-output img')) {
+      const child = img.closest('.jp-OutputArea-child');
+      const key = cellOf(img) + '/' + Array.from(child.parentNode.children).indexOf(child);
+      const pictures = seen.images[key] ??= [];
+      const picture = hash(img.src);
+      if (pictures.at(-1) !== picture) pictures.push(picture);
+    }
+  };
+  new MutationObserver(scan).observe(document.body, {subtree: true, childList: true, attributes: true,
+                                                     attributeFilter: ['style', 'class', 'src']});
+}"""
+# Outputs cleared and counts reset, so that "every code cell has run" means this run.
+CLEAR = """() => { for (const cell of window.jupyterapp.shell.currentWidget.content.widgets)
+  if (cell.model.type === 'code') { cell.model.outputs.clear(); cell.model.executionCount = null; } }"""
+PROGRESS = """() => { const panel = window.jupyterapp.shell.currentWidget;
+  const code = panel.content.widgets.filter(c => c.model.type === 'code');
+  const errors = code.flatMap(c => c.model.sharedModel.toJSON().outputs.filter(o => o.output_type === 'error')
+                                      .map(o => `${o.ename}: ${o.evalue}`));
+  return {idle: panel.sessionContext.session?.kernel?.status === 'idle', errors,
+          ran: code.filter(c => c.model.executionCount !== null).length, cells: code.length}; }"""
+OUTPUTS = """() => window.jupyterapp.shell.currentWidget.content.widgets.map(c => ({
+  type: c.model.type, source: c.model.sharedModel.getSource(),
+  outputs: c.model.type === 'code' ? c.model.sharedModel.toJSON().outputs : []}))"""
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("localhost", 0))
+        return probe.getsockname()[1]
+
+
+def start_lab(tmp_path, env: dict, lab_args: str = "") -> tuple[subprocess.Popen, str]:
+    """`make lab` on a free port, JupyterLab's app reachable from the page (to run all cells and
+    read the notebook's model), every cell kept in the page (no windowing), its settings and
+    workspace under tmp_path, nothing saved over the notebooks; returns the server and its base URL once it answers."""
+    settings = tmp_path / "settings" / "@jupyterlab"
+    for plugin, values in (("notebook-extension/tracker", {"windowingMode": "none"}),
+                           ("docmanager-extension/plugin", {"autosave": False}),  # the notebooks stay as committed
+                           ("apputils-extension/notification", {"fetchNews": "false", "checkForUpdates": False})):
+        (settings / plugin).parent.mkdir(parents=True, exist_ok=True)
+        (settings / f"{plugin}.jupyterlab-settings").write_text(json.dumps(values))
+    port = _free_port()
+    args = (f"--LabApp.expose_app_in_browser=True --LabApp.user_settings_dir={settings.parent} "
+            f"--LabApp.workspaces_dir={tmp_path / 'workspaces'} {lab_args}")
+    server = subprocess.Popen(["make", "--no-print-directory", "lab", f"LAB_PORT={port}", f"LAB_ARGS={args}"], cwd=ROOT,
+                              env={**env, "JUPYTER_TOKEN": TOKEN, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")},
+                              stdout=open(tmp_path / "lab.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://localhost:{port}"
+    for _ in range(240):
+        try:
+            urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=10).read()
+            return server, url
+        except OSError:
+            assert server.poll() is None, (tmp_path / "lab.log").read_text()[-3000:]
+            time.sleep(0.5)
+    stop_lab(server)
+    pytest.fail("JupyterLab did not answer within 2 minutes")
+
+
+def stop_lab(server: subprocess.Popen) -> None:
+    """JupyterLab shuts its kernels down on SIGTERM (and each kernel its TensorBoard); whatever is
+    left of the process group after a minute is killed."""
+    server.send_signal(signal.SIGTERM)
+    try:
+        server.wait(timeout=60)
+    finally:
+        try:
+            os.killpg(server.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def chromium():
+    if not CHROMIUM.exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"no Chromium at {CHROMIUM}: .ci/run installs Debian's chromium")
+        pytest.skip(f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium; or set T5NB_CHROMIUM)")
+    driver = playwright.sync_playwright().start()
+    return driver, driver.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+
+
+def run_in_page(browser, url: str, notebook: str, shots: pathlib.Path, timeout_s: int = 900):
+    """Open `notebook`, run all its cells through the page and wait for the last; returns the page,
+    what it recorded and the notebook's cells as the page holds them."""
+    page = browser.new_page(viewport={"width": 1100, "height": 1400})
+    problems = []
+    page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
+    page.goto(f"{url}/lab/tree/{notebook}.ipynb?token={TOKEN}&reset")
+    page.wait_for_function("() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel?.status"
+                           " === 'idle'", timeout=180_000)
+    page.evaluate("() => window.jupyterapp.shell.collapseLeft()")  # the notebook over the page's width
+    page.evaluate(CLEAR)
+    page.evaluate(RECORDER)
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    start = time.monotonic()
+    while True:
+        state = page.evaluate(PROGRESS)
+        assert not state["errors"], f"{notebook}: error output on the page: {state['errors']}"
+        if state["idle"] and state["ran"] == state["cells"]:
+            break
+        assert time.monotonic() - start < timeout_s, f"{notebook}: {state['ran']} of {state['cells']} cells ran"
+        page.wait_for_timeout(500)
+    assert not problems, problems
+    return page, page.evaluate("() => window.t5nbSeen"), page.evaluate(OUTPUTS)
+
+
+def shoot(page, index: int, shots: pathlib.Path, name: str) -> None:
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
+    cell.scroll_into_view_if_needed()
+    cell.screenshot(path=str(shots / f"{index:02d}_{name}.png"))
+
+
+def text_of(output: dict) -> str:
+    if output["output_type"] == "stream":
+        return "".join(output["text"])
+    return "".join(output.get("data", {}).get("text/plain", ""))
+
+
+def bars_drawn_as_widgets_ending_full(seen: dict, cells: list) -> dict:
+    """{cell: its bars' last lines}: each bar the notebook closed (its display's last line, as
+    text) was drawn as a widget in its cell while it ran, and the widget's last state was full,
+    as the line says; asserts it, naming the cell."""
+    bars = {}
+    for index, cell in enumerate(cells):
+        lines = [text_of(output) for output in cell["outputs"] if BAR_LINE.search(text_of(output))]
+        if not lines:
+            continue
+        drawn = [entry["states"] for entry in seen["bars"].values() if entry["cell"] == index]
+        assert len(drawn) >= len(lines), f"cell {index}: {len(lines)} bars closed, {len(drawn)} drawn as widgets"
+        for line in lines:
+            percent, done, total = map(int, BAR_LINE.search(line).groups())
+            assert percent == 100 and done == total, f"cell {index}: a bar ended at {line!r}"
+        for states in drawn:
+            assert states[-1] == ["100%", True], f"cell {index}: a bar's widget ended at {states[-1]}, not full"
+        bars[index] = lines
+    assert bars, "no progress bar on the page"
+    return bars
+
+
+def plots_redrawn(seen: dict, cells: list) -> list:
+    """The cells that made a live plot; in each, one image output was redrawn, its last picture
+    unlike its first."""
+    live = [index for index, cell in enumerate(cells) if "LivePlot(" in cell["source"]]
+    assert live, "no live plot in the notebook"
+    for index in live:
+        redrawn = [pictures for key, pictures in seen["images"].items()
+                   if key.startswith(f"{index}/") and len(pictures) > 1 and pictures[0] != pictures[-1]]
+        assert redrawn, f"cell {index}: the live plot was drawn {[len(p) for k, p in seen['images'].items() if k.startswith(f'{index}/')]} times, never redrawn"
+    return live
+
+
+@pytest.mark.parametrize("notebook", IN_BROWSER)
+def test_notebook_in_a_browser_shows_what_it_promises(notebook, tmp_path):
+    runs = pathlib.Path(os.environ.get("T5NB_RUNS_DIR") or tmp_path) / "browser" / notebook  # its own, fresh:
+    shutil.rmtree(runs, ignore_errors=True)  # it trains what it needs, as when opened alone
+    env = {**os.environ, "T5NB_PROFILE": "ci", "T5NB_RUNS_DIR": str(runs), "HOME": str(tmp_path),
+           "T5NB_TENSORBOARD": "1" if notebook == WITH_TENSORBOARD else "0"}
+    shots = ROOT / "runs" / "browser" / notebook
+    shutil.rmtree(shots, ignore_errors=True)
+    shots.mkdir(parents=True)
+    committed = (NOTEBOOKS / f"{notebook}.ipynb").read_bytes()
+    driver, browser = chromium()
+    server, url = start_lab(tmp_path, env)
+    try:
+        page, seen, cells = run_in_page(browser, url, notebook, shots)
+        live = plots_redrawn(seen, cells)
+        for index in bars_drawn_as_widgets_ending_full(seen, cells):
+            shoot(page, index, shots, "live_plot" if index in live else "progress")
+        board = next(index for index, cell in enumerate(cells) if "tensorboard(" in cell["source"])
+        if notebook == WITH_TENSORBOARD:
+            check_tensorboard_frame(page, board, shots)
+        else:
+            assert "`tensorboard --logdir" in text_of(cells[board]["outputs"][0])
+            shoot(page, board, shots, "tensorboard_command")
+        if notebook == "04_closed_book_qa":
+            check_ask_widget(page, cells, shots)
+        recorded = json.loads((NOTEBOOKS / f"{notebook}.ipynb").read_text())["cells"]
+        for index, (cell, ran) in enumerate(zip(recorded, cells)):
+            if record_outputs.is_checked(cell):
+                assert "".join(map(text_of, ran["outputs"])) == "".join(map(text_of, cell["outputs"])), f"cell {index}"
+    finally:
+        browser.close()
+        driver.stop()
+        stop_lab(server)
+    assert (NOTEBOOKS / f"{notebook}.ipynb").read_bytes() == committed, "the page saved over the notebook"
+
+
+def check_tensorboard_frame(page, index: int, shots: pathlib.Path) -> None:
+    """TensorBoard's frame in cell `index` loaded and, once reloaded as a learner would (its ⟳
+    button: the page shows the logs as they were when it loaded, here before any run had logged),
+    lists the runs' scalars: a card for each of the training loop's loss and accuracy."""
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
+    cell.scroll_into_view_if_needed()
+    frame = cell.frame_locator("iframe")
+    frame.get_by_text("TensorBoard", exact=True).first.wait_for(timeout=120_000)
+    frame.locator("button[title^='Last Updated']").click()
+    for tag in ("loss", "accuracy"):
+        frame.get_by_text(tag, exact=True).first.wait_for(state="attached", timeout=120_000)
+    shoot(page, index, shots, "tensorboard")
+
+
+def check_ask_widget(page, cells: list, shots: pathlib.Path) -> None:
+    """04's question box: one of the questions its cell asked, typed and sent with the button,
+    shows the answer the cell printed for it, and the kernel heard it (the display's text)."""
+    index = next(index for index, cell in enumerate(cells) if "AskWidget(" in cell["source"])
+    printed = dict(line.rsplit(" -> ", 1) for line in text_of(cells[index]["outputs"][0]).splitlines() if " -> " in line)
+    question, answer = next(iter(printed.items()))
+    cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
+    cell.locator(".widget-text input").fill(question)
+    cell.locator("button", has_text="Ask").click()
+    expected = f"Question: {question}\nAnswer: {answer}"
+    page.wait_for_function("([index, expected]) => window.jupyterapp.shell.currentWidget.content.widgets[index].model"
+                           ".sharedModel.toJSON().outputs.some(o => o.data?.['text/plain'] === expected)",
+                           arg=[index, expected], timeout=120_000)
+    assert cell.locator(".widget-html").inner_text().strip() == f"Answer: {answer}".strip()
+    shoot(page, index, shots, "ask")
