@@ -55,16 +55,19 @@ course: $(VENV)/.base
 
 # The course in JupyterLab on this machine, to step through it: the notebooks folder on localhost,
 # with a token (the URL it prints opens it; JUPYTER_TOKEN sets one); the notebooks' runs go to
-# runs/, as `make course` writes them (t5nb.system.runs_dir). LAB_PORT picks another port; LAB_ARGS
-# passes JupyterLab more options (tests/test_browser.py). As root too (a container's user), which
-# JupyterLab refuses unless told: it listens on localhost only.
+# runs/, as `make course` writes them (t5nb.system.runs_dir). LAB_PORT picks another port, LAB_ROOT
+# another folder, LAB_ARGS adds JupyterLab options (tests/test_browser.py). As root too (a
+# container's user), which JupyterLab refuses unless told: it listens on localhost only.
 LAB_PORT ?= 8888
+LAB_ROOT ?= $(CURDIR)/notebooks
 lab: $(VENV)/.lab
 	$(VENV)/bin/jupyter lab --no-browser --ServerApp.ip=localhost --ServerApp.port=$(LAB_PORT) \
-	  --ServerApp.port_retries=0 --ServerApp.root_dir=$(CURDIR)/notebooks --ServerApp.allow_root=True $(LAB_ARGS)
+	  --ServerApp.port_retries=0 --ServerApp.root_dir=$(LAB_ROOT) --ServerApp.allow_root=True $(LAB_ARGS)
 
 # All tests: pytest on tests/ and nbval (lax) on every notebook with the CI profile, in fresh
-# run folders, spread over the cores (conftest.py); beside it, the dress rehearsal of the Colab
+# run folders, spread over the cores (conftest.py); where Chromium is installed (.ci/run installs
+# Debian's), 02-04 run under the CI profile in it, through JupyterLab's page (tests/test_browser.py),
+# instead of in nbval; beside it, the dress rehearsal of the Colab
 # path: every notebook with the accelerator course's tasks, sources and calls at toy sizes
 # (profile `rehearsal`) on 8 simulated devices, every remote source read from its local stand-in
 # (needs the official vocabulary in T5NB_DATA_DIR); its report follows pytest's. Notebook 06
@@ -84,6 +87,9 @@ REHEARSAL_LOG := $(CURDIR)/runs/test-rehearsal.log
 # A cell's limit: nbval waits on a kernel that died (an abort in XLA) until it passes; the
 # slowest cell takes about 2 minutes (2-core AMD EPYC), nbval's default limit is 2000 s.
 CELL_TIMEOUT := --nbval-cell-timeout=600
+CHROMIUM ?= /usr/bin/chromium
+IN_BROWSER := $(if $(wildcard $(CHROMIUM)),$(foreach notebook,02_pretraining 03_finetuning 04_closed_book_qa,\
+  --ignore=notebooks/$(notebook).ipynb))
 WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 # The rehearsal runs where T5NB_DATA_DIR holds the official vocabulary (t5nb.tasks.vocab's
 # OFFICIAL_SPM_NAME), writing the stand-ins first, while pytest starts.
@@ -96,6 +102,7 @@ test: export JAX_DISABLE_MOST_OPTIMIZATIONS ?= 1
 # No one sees the notebooks' inline TensorBoard here: nine servers, each importing TensorFlow
 # (8 CPU s), and each cell waiting for its server to listen. tests/test_widgets.py starts one.
 test: export T5NB_TENSORBOARD ?= 0
+test: export T5NB_CHROMIUM := $(CHROMIUM)
 test: $(VENV)/.test
 	rm -rf runs/test-ci $(REHEARSAL) $(REHEARSAL_LOG)* $(STANDINS)
 	mkdir -p runs
@@ -107,7 +114,7 @@ test: $(VENV)/.test
 	else in_rehearsal_only=; echo "rehearsal skipped: no official T5 vocabulary in T5NB_DATA_DIR ($${T5NB_DATA_DIR:-../shared/data})" \
 	  | tee $(REHEARSAL_LOG); echo 0 > $(REHEARSAL_LOG).status; fi; \
 	T5NB_PROFILE=ci T5NB_RUNS_DIR=$(CURDIR)/runs/test-ci nice -n 10 $(PY) -m pytest -n $(WORKERS) --no-loadscope-reorder \
-	  tests notebooks $$in_rehearsal_only --nbval-lax --nbval-current-env $(CELL_TIMEOUT) --durations=20; code=$$?; \
+	  tests notebooks $$in_rehearsal_only $(IN_BROWSER) --nbval-lax --nbval-current-env $(CELL_TIMEOUT) --durations=20; code=$$?; \
 	wait; echo "== the rehearsal (T5NB_PROFILE=rehearsal, 8 simulated devices)"; cat $(REHEARSAL_LOG); \
 	rehearsal=$$(cat $(REHEARSAL_LOG).status); if [ $$code -eq 0 ]; then exit $$rehearsal; fi; exit $$code
 

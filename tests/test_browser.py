@@ -75,7 +75,9 @@ PROGRESS = """() => { const panel = window.jupyterapp.shell.currentWidget;
   const code = panel.content.widgets.filter(c => c.model.type === 'code');
   const errors = code.flatMap(c => c.model.sharedModel.toJSON().outputs.filter(o => o.output_type === 'error')
                                       .map(o => `${o.ename}: ${o.evalue}`));
-  return {idle: panel.sessionContext.session?.kernel?.status === 'idle', errors,
+  const redrawn = Object.entries(window.t5nbSeen.images).filter(([, pictures]) => pictures.length > 1)
+                        .map(([key]) => parseInt(key));
+  return {idle: panel.sessionContext.session?.kernel?.status === 'idle', errors, redrawn,
           ran: code.filter(c => c.model.executionCount !== null).length, cells: code.length}; }"""
 OUTPUTS = """() => window.jupyterapp.shell.currentWidget.content.widgets.map(c => ({
   type: c.model.type, source: c.model.sharedModel.getSource(),
@@ -88,8 +90,8 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def start_lab(tmp_path, env: dict, lab_args: str = "") -> tuple[subprocess.Popen, str]:
-    """`make lab` on a free port, JupyterLab's app reachable from the page (to run all cells and
+def start_lab(tmp_path, env: dict, root: pathlib.Path = NOTEBOOKS) -> tuple[subprocess.Popen, str]:
+    """`make lab` on `root` and a free port, JupyterLab's app reachable from the page (to run all cells and
     read the notebook's model), every cell kept in the page (no windowing), its settings and
     workspace under tmp_path, nothing saved over the notebooks; returns the server and its base URL once it answers."""
     settings = tmp_path / "settings" / "@jupyterlab"
@@ -100,8 +102,9 @@ def start_lab(tmp_path, env: dict, lab_args: str = "") -> tuple[subprocess.Popen
         (settings / f"{plugin}.jupyterlab-settings").write_text(json.dumps(values))
     port = _free_port()
     args = (f"--LabApp.expose_app_in_browser=True --LabApp.user_settings_dir={settings.parent} "
-            f"--LabApp.workspaces_dir={tmp_path / 'workspaces'} {lab_args}")
-    server = subprocess.Popen(["make", "--no-print-directory", "lab", f"LAB_PORT={port}", f"LAB_ARGS={args}"], cwd=ROOT,
+            f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}")
+    server = subprocess.Popen(["make", "--no-print-directory", "lab", f"LAB_PORT={port}", f"LAB_ROOT={root}",
+                               f"LAB_ARGS={args}"], cwd=ROOT,
                               env={**env, "JUPYTER_TOKEN": TOKEN, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")},
                               stdout=open(tmp_path / "lab.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://localhost:{port}"
@@ -139,8 +142,9 @@ def chromium():
 
 
 def run_in_page(browser, url: str, notebook: str, shots: pathlib.Path, timeout_s: int = 900):
-    """Open `notebook`, run all its cells through the page and wait for the last; returns the page,
-    what it recorded and the notebook's cells as the page holds them."""
+    """Open `notebook`, run all its cells through the page and wait for the last (a screenshot of the
+    first plot redrawn while the kernel still runs, in `shots`); returns the page, what it recorded
+    and the notebook's cells as the page holds them."""
     page = browser.new_page(viewport={"width": 1100, "height": 1400})
     problems = []
     page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
@@ -150,13 +154,16 @@ def run_in_page(browser, url: str, notebook: str, shots: pathlib.Path, timeout_s
     page.evaluate("() => window.jupyterapp.shell.collapseLeft()")  # the notebook over the page's width
     page.evaluate(CLEAR)
     page.evaluate(RECORDER)
-    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
-    start = time.monotonic()
+    page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")  # not awaited: watched
+    start, mid_training = time.monotonic(), None
     while True:
         state = page.evaluate(PROGRESS)
         assert not state["errors"], f"{notebook}: error output on the page: {state['errors']}"
         if state["idle"] and state["ran"] == state["cells"]:
             break
+        if mid_training is None and state["redrawn"] and not state["idle"]:  # the first plot redrawn while training
+            mid_training = state["redrawn"][0]
+            shoot(page, mid_training, shots, "live_plot_while_training")
         assert time.monotonic() - start < timeout_s, f"{notebook}: {state['ran']} of {state['cells']} cells ran"
         page.wait_for_timeout(500)
     assert not problems, problems
@@ -273,3 +280,42 @@ def check_ask_widget(page, cells: list, shots: pathlib.Path) -> None:
                            arg=[index, expected], timeout=120_000)
     assert cell.locator(".widget-html").inner_text().strip() == f"Answer: {answer}".strip()
     shoot(page, index, shots, "ask")
+
+
+def test_the_checks_fail_without_the_widgets_front_end_and_for_a_plot_never_redrawn(tmp_path):
+    """The same checks on a page that breaks both promises: JupyterLab with the widgets' front end
+    disabled (`@jupyter-widgets/jupyterlab-manager`, as if jupyterlab_widgets were not installed),
+    and a live plot whose display is not updated after its first picture."""
+    probe = tmp_path / "notebooks"
+    probe.mkdir()
+    sources = ["from t5nb.train import progress_bar\nbar = progress_bar(total=3, desc='train')\n"
+               "for _ in range(3):\n    bar.update(1)\nbar.close()",
+               "from t5nb.plots import LivePlot\nplot = LivePlot(('loss',))\nplot(1, {'loss': 2.0})\n"
+               "plot._handle.update = lambda figure: None  # the picture stays as first drawn\nplot(2, {'loss': 1.0})"]
+    (probe / "probe.ipynb").write_text(json.dumps({
+        "cells": [{"cell_type": "code", "id": f"c{i}", "metadata": {}, "source": source, "outputs": [],
+                   "execution_count": None} for i, source in enumerate(sources)],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+        "nbformat": 4, "nbformat_minor": 5}))
+    config = tmp_path / "config" / "labconfig"
+    config.mkdir(parents=True)
+    (config / "page_config.json").write_text(json.dumps({"disabledExtensions": {"@jupyter-widgets/jupyterlab-manager": True}}))
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(config.parent), "HOME": str(tmp_path)}
+    driver, browser = chromium()
+    server, url = start_lab(tmp_path, env, root=probe)
+    try:
+        page, seen, cells = run_in_page(browser, url, "probe", tmp_path)
+        with pytest.raises(AssertionError, match="1 bars closed, 0 drawn as widgets"):
+            bars_drawn_as_widgets_ending_full(seen, cells)
+        with pytest.raises(AssertionError, match="never redrawn"):
+            plots_redrawn(seen, cells)
+    finally:
+        browser.close()
+        driver.stop()
+        stop_lab(server)
+
+
+def test_make_test_leaves_to_the_browser_exactly_these_notebooks():
+    """Where Chromium is installed, `make test` runs nbval on the other notebooks only."""
+    listed = re.search(r"foreach notebook,([^,]+),", (ROOT / "Makefile").read_text()).group(1).split()
+    assert tuple(listed) == IN_BROWSER
