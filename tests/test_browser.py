@@ -1,15 +1,16 @@
 """The course as a learner sees it: JupyterLab from .venv (`make lab`, the README's command) and a
-headless Chromium from the system's packages (Debian's `chromium`, driven by Playwright through its
-executable path: no browser is downloaded). 02, 03 and 04 run under the `ci` profile through the
-page, each cell by JupyterLab's own "Run All", and the page is checked as a person would look at
-it: no error output, every progress bar drawn as a widget that ends full, each live training plot
-an image that changes while it trains, TensorBoard's frame showing the run's scalars once its ⟳
-is clicked (04, with a server) or the command that shows them (02 and 03, `T5NB_TENSORBOARD=0`), 04's question box
-answering a question typed into it, and the outputs nbval compares as recorded. Screenshots of the
-checked cells are kept in runs/browser/<notebook>/ for a person to look at.
+headless Chromium from the system's packages (Debian's `chromium`, driven by Playwright through
+its executable path: no browser is downloaded). 02, 03 and 04 run under the `ci` profile through
+the page, each by JupyterLab's own "Run All", and the page is checked as a person would look at
+it: no error output; every progress bar drawn as a widget that ends full; each live training plot
+an image that changes while it trains; TensorBoard's frame listing the runs' scalars once its ⟳
+is clicked (04, with a server) or the command that shows them (02 and 03,
+`T5NB_TENSORBOARD=0`); 04's question box answering a question typed into it; the outputs nbval
+compares, as recorded. Screenshots of the checked cells go to runs/browser/<notebook>/.
 
-Each runs in run folders of its own, training what it needs as when opened alone. Where Chromium
-is installed, `make test` runs these in place of nbval's `ci` runs of the same notebooks."""
+Each notebook runs in run folders of its own, training what it needs, as when opened alone. Where
+Chromium is installed, `make test` runs these in place of nbval's `ci` runs of the same
+notebooks."""
 import importlib.util
 import json
 import os
@@ -49,7 +50,11 @@ RECORDER = """() => {
   const cellOf = (el) => { const node = el.closest('.jp-Cell'); return cells().findIndex(c => c.node === node); };
   const ids = new WeakMap(); let next = 0;
   const id = (el) => { if (!ids.has(el)) ids.set(el, next++); return ids.get(el); };
-  const hash = (text) => { let h = 0; for (let i = 0; i < text.length; i++) h = (h * 31 + text.charCodeAt(i)) | 0; return h; };
+  const hash = (text) => {
+    let h = 0;
+    for (let i = 0; i < text.length; i++) h = (h * 31 + text.charCodeAt(i)) | 0;
+    return h;
+  };
   const seen = window.t5nbSeen = {bars: {}, images: {}};
   const scan = () => {
     for (const bar of document.querySelectorAll('.jp-Notebook .jp-OutputArea-output .progress-bar')) {
@@ -91,9 +96,10 @@ def _free_port() -> int:
 
 
 def start_lab(tmp_path, env: dict, root: pathlib.Path = NOTEBOOKS) -> tuple[subprocess.Popen, str]:
-    """`make lab` on `root` and a free port, JupyterLab's app reachable from the page (to run all cells and
-    read the notebook's model), every cell kept in the page (no windowing), its settings and
-    workspace under tmp_path, nothing saved over the notebooks; returns the server and its base URL once it answers."""
+    """`make lab` on `root` and a free port: JupyterLab's app reachable from the page (to run all
+    cells and read the notebook's model), every cell kept in the page (no windowing), no autosave
+    over the notebooks, its settings and workspace under tmp_path. Returns the server and its
+    base URL once it answers."""
     settings = tmp_path / "settings" / "@jupyterlab"
     for plugin, values in (("notebook-extension/tracker", {"windowingMode": "none"}),
                            ("docmanager-extension/plugin", {"autosave": False}),  # the notebooks stay as committed
@@ -121,8 +127,8 @@ def start_lab(tmp_path, env: dict, root: pathlib.Path = NOTEBOOKS) -> tuple[subp
 
 def stop_lab(server: subprocess.Popen) -> None:
     """JupyterLab shuts its kernels down on SIGTERM (and each kernel its TensorBoard); whatever is
-    left of the process group after a minute is killed."""
-    server.send_signal(signal.SIGTERM)
+    left of the process group (make's, JupyterLab's) after a minute is killed."""
+    os.killpg(server.pid, signal.SIGTERM)
     try:
         server.wait(timeout=60)
     finally:
@@ -211,7 +217,8 @@ def plots_redrawn(seen: dict, cells: list) -> list:
     for index in live:
         redrawn = [pictures for key, pictures in seen["images"].items()
                    if key.startswith(f"{index}/") and len(pictures) > 1 and pictures[0] != pictures[-1]]
-        assert redrawn, f"cell {index}: the live plot was drawn {[len(p) for k, p in seen['images'].items() if k.startswith(f'{index}/')]} times, never redrawn"
+        drawn = [len(pictures) for key, pictures in seen["images"].items() if key.startswith(f"{index}/")]
+        assert redrawn, f"cell {index}: the live plot's pictures, {drawn}, never redrawn"
     return live
 
 
@@ -269,7 +276,8 @@ def check_ask_widget(page, cells: list, shots: pathlib.Path) -> None:
     """04's question box: one of the questions its cell asked, typed and sent with the button,
     shows the answer the cell printed for it, and the kernel heard it (the display's text)."""
     index = next(index for index, cell in enumerate(cells) if "AskWidget(" in cell["source"])
-    printed = dict(line.rsplit(" -> ", 1) for line in text_of(cells[index]["outputs"][0]).splitlines() if " -> " in line)
+    printed = dict(line.rsplit(" -> ", 1) for line in text_of(cells[index]["outputs"][0]).splitlines()
+                   if " -> " in line)
     question, answer = next(iter(printed.items()))
     cell = page.locator(".jp-Notebook .jp-Cell").nth(index)
     cell.locator(".widget-text input").fill(question)
@@ -299,7 +307,8 @@ def test_the_checks_fail_without_the_widgets_front_end_and_for_a_plot_never_redr
         "nbformat": 4, "nbformat_minor": 5}))
     config = tmp_path / "config" / "labconfig"
     config.mkdir(parents=True)
-    (config / "page_config.json").write_text(json.dumps({"disabledExtensions": {"@jupyter-widgets/jupyterlab-manager": True}}))
+    (config / "page_config.json").write_text(
+        json.dumps({"disabledExtensions": {"@jupyter-widgets/jupyterlab-manager": True}}))
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(config.parent), "HOME": str(tmp_path)}
     driver, browser = chromium()
     server, url = start_lab(tmp_path, env, root=probe)
