@@ -66,11 +66,11 @@ lab: $(VENV)/.lab
 
 # All tests: pytest on tests/ and nbval (lax) on every notebook with the CI profile, in fresh
 # run folders, spread over the cores (conftest.py); where Chromium is installed (.ci/run installs
-# Debian's), 02-04 run under the CI profile in it, through JupyterLab's page (tests/test_browser.py),
-# instead of in nbval; beside it, the dress rehearsal of the Colab
-# path: every notebook with the accelerator course's tasks, sources and calls at toy sizes
-# (profile `rehearsal`) on 8 simulated devices, every remote source read from its local stand-in
-# (needs the official vocabulary in T5NB_DATA_DIR); its report follows pytest's. Notebook 06
+# Debian's), 02-04 run under the CI profile in it, through JupyterLab's page, instead of in nbval
+# (tests/test_browser.py). Beside it, the dress rehearsal of the Colab path: every notebook with
+# the accelerator course's tasks, sources and calls at toy sizes (profile `rehearsal`) on 8
+# simulated devices, every remote source read from its local stand-in (needs the official
+# vocabulary in T5NB_DATA_DIR); its report follows pytest's. Notebook 06
 # measures the facts world under every profile, so where the rehearsal runs it (on 8 devices),
 # the CI profile's run leaves it out (85 CPU seconds of a run bound by CPU).
 # The rehearsal is one chain of notebooks, one cell at a time; the tests are units that fill

@@ -65,9 +65,9 @@ def pytest_configure(config):
 # which, handed out last, ran alone for 44 s), so that none is left to run alone at the end while
 # the other workers wait; `make test` passes --no-loadscope-reorder, as
 # xdist otherwise hands out the units with the most tests first, and the one-test kill chains last
-FIRST = ("notebooks", "tests/test_browser.py", "tests/test_run_folder.py", "tests/test_hosted_path.py", "tests/test_train.py",
-         "tests/test_adapters.py", "tests/test_workflow.py", "tests/test_model.py", "tests/test_tasks_batching.py",
-         "tests/test_tasks_real.py")
+FIRST = ("notebooks", "tests/test_browser.py", "tests/test_run_folder.py", "tests/test_hosted_path.py",
+         "tests/test_train.py", "tests/test_adapters.py", "tests/test_workflow.py", "tests/test_model.py",
+         "tests/test_tasks_batching.py", "tests/test_tasks_real.py")
 # files whose tests are each a unit of their own (each several minutes of processes of its own;
 # a module fixture is then built once on each worker that runs some of them)
 SPREAD = ("tests/test_run_folder.py", "tests/test_hosted_path.py", "tests/test_browser.py")
