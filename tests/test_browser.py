@@ -82,7 +82,7 @@ PROGRESS = """() => { const panel = window.jupyterapp.shell.currentWidget;
                                       .map(o => `${o.ename}: ${o.evalue}`));
   const redrawn = Object.entries(window.t5nbSeen.images).filter(([, pictures]) => pictures.length > 1)
                         .map(([key]) => parseInt(key));
-  return {idle: panel.sessionContext.session?.kernel?.status === 'idle', errors, redrawn,
+  return {idle: panel.sessionContext.kernelDisplayStatus === 'idle', errors, redrawn,
           ran: code.filter(c => c.model.executionCount !== null).length, cells: code.length}; }"""
 OUTPUTS = """() => window.jupyterapp.shell.currentWidget.content.widgets.map(c => ({
   type: c.model.type, source: c.model.sharedModel.getSource(),
@@ -155,7 +155,7 @@ def run_in_page(browser, url: str, notebook: str, shots: pathlib.Path, timeout_s
     problems = []
     page.on("pageerror", lambda error: problems.append(f"page error: {error}"))
     page.goto(f"{url}/lab/tree/{notebook}.ipynb?token={TOKEN}&reset")
-    page.wait_for_function("() => window.jupyterapp?.shell.currentWidget?.sessionContext?.session?.kernel?.status"
+    page.wait_for_function("() => window.jupyterapp?.shell.currentWidget?.sessionContext?.kernelDisplayStatus"
                            " === 'idle'", timeout=180_000)
     page.evaluate("() => window.jupyterapp.shell.collapseLeft()")  # the notebook over the page's width
     page.evaluate(CLEAR)
