@@ -7,7 +7,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from filelock import FileLock
 
 from t5nb import checkpoints, restore
 from t5nb.paths import REPO_ROOT
+from local_server import free_port  # noqa: I001  (tests/local_server.py)
 
 COURSE = REPO_ROOT / "recipes" / "course" / "pretraining.toml"
 FORK_SERVER = pathlib.Path(__file__).with_name("fork_server.py")
@@ -96,9 +96,7 @@ def finish(process):
 
 
 def two_processes(tmp_path, model_dir, name, delay=0.0):
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     return [start(tmp_path, model_dir, f"{name}{i}", "--coordinator", f"localhost:{port}", "--num-processes", 2,
                   "--process-id", i, delay=delay) for i in (0, 1)]
 

@@ -17,15 +17,12 @@ import os
 import pathlib
 import re
 import shutil
-import signal
-import socket
-import subprocess
 import time
-import urllib.request
 
 import pytest
 
 from t5nb.course import NOTEBOOKS
+from local_server import TOKEN, jupyter_lab  # noqa: I001  (tests/local_server.py)
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -39,7 +36,6 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-component-update", "--disable-sync"]
 IN_BROWSER = ("02_pretraining", "03_finetuning", "04_closed_book_qa")
 WITH_TENSORBOARD = "04_closed_book_qa"  # one notebook with a TensorBoard server; the others print its command
-TOKEN = "course"
 BAR_LINE = re.compile(r"(\d+)%\|.*\|\s*(\d+)/(\d+)")  # a closed bar's last line, as text: "train: 100%|███| 20/20 [..."
 
 # What the page records as it runs: each progress bar's states (width and style, as drawn), and each
@@ -89,62 +85,18 @@ OUTPUTS = """() => window.jupyterapp.shell.currentWidget.content.widgets.map(c =
   outputs: c.model.type === 'code' ? c.model.sharedModel.toJSON().outputs : []}))"""
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("localhost", 0))
-        return probe.getsockname()[1]
-
-
-def start_lab(tmp_path, env: dict, root: pathlib.Path = NOTEBOOKS) -> tuple[subprocess.Popen, str]:
-    """`make lab` on `root` and a free port: JupyterLab's app reachable from the page (to run all
-    cells and read the notebook's model), every cell kept in the page (no windowing), no autosave
-    over the notebooks, its settings and workspace under tmp_path. Returns the server and its
-    base URL once it answers."""
-    settings = tmp_path / "settings" / "@jupyterlab"
-    for plugin, values in (("notebook-extension/tracker", {"windowingMode": "none"}),
-                           ("docmanager-extension/plugin", {"autosave": False}),  # the notebooks stay as committed
-                           ("apputils-extension/notification", {"fetchNews": "false", "checkForUpdates": False})):
-        (settings / plugin).parent.mkdir(parents=True, exist_ok=True)
-        (settings / f"{plugin}.jupyterlab-settings").write_text(json.dumps(values))
-    port = _free_port()
-    args = (f"--LabApp.expose_app_in_browser=True --LabApp.user_settings_dir={settings.parent} "
-            f"--LabApp.workspaces_dir={tmp_path / 'workspaces'}")
-    server = subprocess.Popen(["make", "--no-print-directory", "lab", f"LAB_PORT={port}", f"LAB_ROOT={root}",
-                               f"LAB_ARGS={args}"], cwd=ROOT,
-                              env={**env, "JUPYTER_TOKEN": TOKEN, "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")},
-                              stdout=open(tmp_path / "lab.log", "wb"), stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://localhost:{port}"
-    for _ in range(240):
-        try:
-            urllib.request.urlopen(f"{url}/api/status?token={TOKEN}", timeout=10).read()
-            return server, url
-        except OSError:
-            assert server.poll() is None, (tmp_path / "lab.log").read_text()[-3000:]
-            time.sleep(0.5)
-    stop_lab(server)
-    pytest.fail("JupyterLab did not answer within 2 minutes")
-
-
-def stop_lab(server: subprocess.Popen) -> None:
-    """JupyterLab shuts its kernels down on SIGTERM (and each kernel its TensorBoard); whatever is
-    left of the process group (make's, JupyterLab's) after a minute is killed."""
-    os.killpg(server.pid, signal.SIGTERM)
-    try:
-        server.wait(timeout=60)
-    finally:
-        try:
-            os.killpg(server.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def chromium():
+@pytest.fixture
+def browser():
+    """Chromium, headless, from the system's packages; skipped where it is not installed, except
+    in CI, whose .ci/run installs it."""
     if not CHROMIUM.exists():
         if os.environ.get("CI"):
             pytest.fail(f"no Chromium at {CHROMIUM}: .ci/run installs Debian's chromium")
         pytest.skip(f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium; or set T5NB_CHROMIUM)")
-    driver = playwright.sync_playwright().start()
-    return driver, driver.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+    with playwright.sync_playwright() as driver:
+        browser = driver.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
 
 
 def run_in_page(browser, url: str, notebook: str, shots: pathlib.Path, timeout_s: int = 900):
@@ -223,7 +175,7 @@ def plots_redrawn(seen: dict, cells: list) -> list:
 
 
 @pytest.mark.parametrize("notebook", IN_BROWSER)
-def test_notebook_in_a_browser_shows_what_it_promises(notebook, tmp_path):
+def test_notebook_in_a_browser_shows_what_it_promises(notebook, browser, tmp_path):
     runs = pathlib.Path(os.environ.get("T5NB_RUNS_DIR") or tmp_path) / "browser" / notebook  # its own, fresh:
     shutil.rmtree(runs, ignore_errors=True)  # it trains what it needs, as when opened alone
     env = {**os.environ, "T5NB_PROFILE": "ci", "T5NB_RUNS_DIR": str(runs), "HOME": str(tmp_path),
@@ -232,9 +184,7 @@ def test_notebook_in_a_browser_shows_what_it_promises(notebook, tmp_path):
     shutil.rmtree(shots, ignore_errors=True)
     shots.mkdir(parents=True)
     committed = (NOTEBOOKS / f"{notebook}.ipynb").read_bytes()
-    driver, browser = chromium()
-    server, url = start_lab(tmp_path, env)
-    try:
+    with jupyter_lab(tmp_path, env) as url:
         page, seen, cells = run_in_page(browser, url, notebook, shots)
         live = plots_redrawn(seen, cells)
         for index in bars_drawn_as_widgets_ending_full(seen, cells):
@@ -247,14 +197,9 @@ def test_notebook_in_a_browser_shows_what_it_promises(notebook, tmp_path):
             shoot(page, board, shots, "tensorboard_command")
         if notebook == "04_closed_book_qa":
             check_ask_widget(page, cells, shots)
-        recorded = json.loads((NOTEBOOKS / f"{notebook}.ipynb").read_text())["cells"]
-        for index, (cell, ran) in enumerate(zip(recorded, cells)):
-            if record_outputs.is_checked(cell):
-                assert "".join(map(text_of, ran["outputs"])) == "".join(map(text_of, cell["outputs"])), f"cell {index}"
-    finally:
-        browser.close()
-        driver.stop()
-        stop_lab(server)
+    for index, (cell, ran) in enumerate(zip(json.loads(committed)["cells"], cells)):
+        if record_outputs.is_checked(cell):
+            assert "".join(map(text_of, ran["outputs"])) == "".join(map(text_of, cell["outputs"])), f"cell {index}"
     assert (NOTEBOOKS / f"{notebook}.ipynb").read_bytes() == committed, "the page saved over the notebook"
 
 
@@ -290,7 +235,7 @@ def check_ask_widget(page, cells: list, shots: pathlib.Path) -> None:
     shoot(page, index, shots, "ask")
 
 
-def test_the_checks_fail_without_the_widgets_front_end_and_for_a_plot_never_redrawn(tmp_path):
+def test_the_checks_fail_without_the_widgets_front_end_and_for_a_plot_never_redrawn(browser, tmp_path):
     """The same checks on a page that breaks both promises: JupyterLab with the widgets' front end
     disabled (`@jupyter-widgets/jupyterlab-manager`, as if jupyterlab_widgets were not installed),
     and a live plot whose display is not updated after its first picture."""
@@ -310,18 +255,12 @@ def test_the_checks_fail_without_the_widgets_front_end_and_for_a_plot_never_redr
     (config / "page_config.json").write_text(
         json.dumps({"disabledExtensions": {"@jupyter-widgets/jupyterlab-manager": True}}))
     env = {**os.environ, "JUPYTER_CONFIG_DIR": str(config.parent), "HOME": str(tmp_path)}
-    driver, browser = chromium()
-    server, url = start_lab(tmp_path, env, root=probe)
-    try:
+    with jupyter_lab(tmp_path, env, root=probe) as url:
         page, seen, cells = run_in_page(browser, url, "probe", tmp_path)
-        with pytest.raises(AssertionError, match="1 bars closed, 0 drawn as widgets"):
-            bars_drawn_as_widgets_ending_full(seen, cells)
-        with pytest.raises(AssertionError, match="never redrawn"):
-            plots_redrawn(seen, cells)
-    finally:
-        browser.close()
-        driver.stop()
-        stop_lab(server)
+    with pytest.raises(AssertionError, match="1 bars closed, 0 drawn as widgets"):
+        bars_drawn_as_widgets_ending_full(seen, cells)
+    with pytest.raises(AssertionError, match="never redrawn"):
+        plots_redrawn(seen, cells)
 
 
 def test_make_test_leaves_to_the_browser_exactly_these_notebooks():

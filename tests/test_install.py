@@ -5,17 +5,15 @@ import json
 import os
 import pathlib
 import platform
-import signal
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
 from t5nb import host
+from local_server import TOKEN, jupyter_lab  # noqa: I001  (tests/local_server.py)
 
 
 def test_exactly_one_distribution_provides_seqio_and_tfds():
@@ -147,34 +145,15 @@ def test_make_lab_serves_the_course_in_jupyterlab_with_the_widgets_front_end(tmp
     token, on the notebooks folder, with the widgets' front end (the progress bars, the ask
     widget) among its extensions."""
     root = pathlib.Path(__file__).resolve().parents[1]
-    with socket.socket() as probe:  # a free port
-        probe.bind(("localhost", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "JUPYTER_TOKEN": "course", "JUPYTER_RUNTIME_DIR": str(tmp_path), "HOME": str(tmp_path)}
-    server = subprocess.Popen(["make", "--no-print-directory", "lab", f"LAB_PORT={port}"], cwd=root, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    with jupyter_lab(tmp_path, {**os.environ, "HOME": str(tmp_path)}) as url:
+        def get(path, token=TOKEN):
+            with urllib.request.urlopen(f"{url}{path}?token={token}", timeout=10) as response:
+                return response.read().decode()
 
-    def get(path, token="course"):
-        with urllib.request.urlopen(f"http://localhost:{port}{path}?token={token}", timeout=10) as response:
-            return response.read().decode()
-
-    try:
-        for _ in range(240):
-            try:
-                listing = json.loads(get("/api/contents"))
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert server.poll() is None, server.stdout.read().decode()[-3000:]
-                time.sleep(0.5)
-        else:
-            pytest.fail("JupyterLab did not answer within 2 minutes")
-        names = sorted(item["name"] for item in listing["content"])
+        names = sorted(item["name"] for item in json.loads(get("/api/contents"))["content"])
         notebooks = sorted(path.name for path in (root / "notebooks").glob("*.ipynb"))
         assert [name for name in names if name.endswith(".ipynb")] == notebooks
         page = get("/lab")  # its page config lists the front-end extensions it loads
         assert "JupyterLab" in page and '"name": "@jupyter-widgets/jupyterlab-manager"' in page
         with pytest.raises(urllib.error.HTTPError):
             get("/api/contents", token="wrong")
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        server.wait(timeout=60)
