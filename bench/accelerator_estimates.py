@@ -1,28 +1,28 @@
-"""The accelerator course's FLOPs, memory and estimated wall time on every chip a learner gets.
+"""The course's estimated wall time and memory, each notebook (00-06), on every chip a learner gets.
 
-    .venv/bin/python bench/accelerator_estimates.py
+    .venv/bin/python bench/accelerator_estimates.py --recount   # times again, from the kept programs' memory
     PYTHONPATH=/tmp/libtpu .venv/bin/python bench/accelerator_estimates.py   # compiled for a TPU v5e
-    .venv/bin/python bench/accelerator_estimates.py --recount   # the same programs, new compile seconds
 
 Each setup (a chip of `profiles.CHIPS`, and how many: Colab's v5e-1 and T4, Kaggle's v5e-8 and
 2 x T4, ...) gets the profile and dtype that detection gives it (`profiles.profile_name_for`,
-`profiles.compute_dtype`). For each profile and dtype this compiles, with abstract inputs
-(nothing allocated), the programs the course runs: the Trainer's train step (pretraining and
-fine-tuning shapes), its teacher-forced eval step, and greedy decoding of an evaluation batch.
-With libtpu importable (`pip install --no-deps --target /tmp/libtpu "libtpu==<the version
-jax[tpu] pins>"`) XLA's TPU compiler compiles them ahead of time for a v5e chip, none needed;
-otherwise XLA:CPU does, whose memory figures are far larger than a TPU's (no TPU fusion and
-scheduling). XLA's cost analysis gives FLOPs and bytes accessed, its memory analysis the bytes
-a program needs (arguments + outputs - donated + temporaries). Each program runs at the
-efficiency its kind was measured at on an H200 by bench/gpu.py (`GPU_RESULTS`), against the
-data sheet's peak: a train or eval step at the train step's MFU in its dtype, decoding at its
-fraction of the roofline (the larger of FLOPs at peak and bytes at full bandwidth). The TPUs get
-the same efficiencies: libtpu's cost model counts a scanned layer's time once, as its FLOPs, so it
-cannot time the course's scanned programs (`optimal_seconds`: a scan of 8 matmuls costs 1.5 of one).
-Several chips split each batch
-(data parallel, as t5nb's mesh does): their time is one chip's over their count, an ideal
-scaling, and their memory is one chip's running the whole batch, an upper bound. Prints the
-docs/accelerators.md's table (scripts/estimates_table.py); writes bench/results/accelerator_estimates.json.
+`profiles.compute_dtype`). `course` says how often each notebook runs each program under that
+profile; `course_work` traces each program (nothing compiled) and counts its matmul FLOPs, bytes
+and operations; bench/step_cost.py turns those into seconds on the chip at the rates fitted to
+the H200's measured steps: one time where the chip's kind was measured, else a range (compute
+and memory overlapping, then not), whose upper end the tables show. Several chips split each
+batch (data parallel, as t5nb's mesh does): the matmul and memory work is one chip's over their
+count, the operations are not, and the memory shown is one chip running the whole batch, an
+upper bound. Compiling adds bench/compile.py's seconds per notebook on a 2-core CPU, times how
+much longer the chip's host compiles them (measured: an H200's host; XLA's TPU compiler).
+
+Memory comes from compiling the course's programs with abstract inputs (nothing allocated): with
+libtpu importable (`pip install --no-deps --target /tmp/libtpu "libtpu==<the version jax[tpu]
+pins>"`) XLA's TPU compiler compiles them ahead of time for a v5e chip, none needed; otherwise
+XLA:CPU does, whose memory figures are far larger (no TPU fusion and scheduling). Its memory
+analysis gives the bytes a program needs (arguments + outputs - donated + temporaries).
+`--recount` keeps those programs and counts the times again, refusing where a profile's shapes
+changed. Prints docs/accelerators.md's table (scripts/estimates_table.py); writes
+bench/results/accelerator_estimates.json.
 """
 import os
 
@@ -41,7 +41,6 @@ import pathlib  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-import types  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -49,19 +48,17 @@ from flax import nnx  # noqa: E402
 from jax.experimental import topologies  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec  # noqa: E402
 
-from t5nb import decode  # noqa: E402
+import step_cost  # noqa: E402  (bench/step_cost.py)
+from t5nb import capacity, decode, workflow  # noqa: E402
 from t5nb import mesh as mesh_lib  # noqa: E402
 from t5nb.model import Transformer  # noqa: E402
-from t5nb.config import get_config  # noqa: E402
-from t5nb.profiles import CHIPS, chip_of, compute_dtype, get_profile, profile_name_for  # noqa: E402
-from t5nb.trainer import Trainer  # noqa: E402
+from t5nb.profiles import CHIPS, compute_dtype, get_profile, profile_name_for  # noqa: E402
+from t5nb.tasks import world  # noqa: E402
+from t5nb.tasks.offline import PRETRAINING  # noqa: E402
+from t5nb.trainer import Trainer, TrainConfig  # noqa: E402
 from programs import abstract_batch, course_trainers  # noqa: E402  (bench/programs.py)
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
-# bench/gpu.py's measurements on an H200: the efficiency of each kind of program (`efficiencies`)
-GPU_RESULTS = RESULTS / "gpu-20261126-093508-gpu.json"
-# its decode phase's batch of 64: T5.1.1-small in bfloat16, 512 input tokens, 64 new ones
-DECODE_MEASURED = ("t5.1.1-small", 64, {"inputs": 512, "targets": 64})
 # Compiling: bench/compile.py's seconds per notebook on this CPU (the course in order, compiled
 # programs kept), times how much slower a chip's host compiles them, measured: for a TPU, XLA's
 # TPU compiler against XLA:CPU on the same programs in this run (with libtpu; else 1, unmeasured);
@@ -70,6 +67,9 @@ DECODE_MEASURED = ("t5.1.1-small", 64, {"inputs": 512, "targets": 64})
 COMPILE_RESULTS = RESULTS / "compile.json"
 GPU_COMPILE_RESULTS = RESULTS / "compile-h200.json"
 EVAL_BATCH = 64  # workflow.finetune_and_evaluate and 05_evaluation decode in batches of 64
+SCORE_BATCH = 512  # capacity.fact_losses scores the facts of a world in batches of 512
+FACTS_QA_VALIDATION = 2000  # data/facts_qa_validation.jsonl: the held-out people's questions 06 decodes
+FACT_RELATIONS = len(world.RELATIONS)  # the facts a person of the facts world has
 # Validation examples of the profile's tasks (the course decodes split="validation"):
 # WMT14 en-de validation is newstest2013; NQ-open dev; TriviaQA unfiltered.nocontext validation.
 VALIDATION_EXAMPLES = {"wmt14_ende": {"wmt14_ende": 3000},
@@ -113,32 +113,14 @@ def cost_of(compile) -> dict:
 
 def train_step(trainer: Trainer, batch: dict) -> dict:
     """`trainer`'s own train step (`Trainer.compile_train_step`), for its abstract state."""
-    cost = cost_of(lambda: trainer.compile_train_step(trainer.abstract_state(), batch))
-    return {**cost, "flops": unrolled_flops(trainer, batch, step=True)}
+    return cost_of(lambda: trainer.compile_train_step(trainer.abstract_state(), batch))
 
 
 def eval_step(trainer: Trainer, batch: dict) -> dict:
     """`trainer`'s teacher-forced eval step, as `Trainer.eval_step` jits it."""
     with mesh_lib.activation_sharding(trainer.mesh, trainer.rules):
-        cost = compiled_cost(jax.jit(lambda p, b: trainer._sums(p, trainer.frozen, b, None)[1]),
+        return compiled_cost(jax.jit(lambda p, b: trainer._sums(p, trainer.frozen, b, None)[1]),
                              trainer.abstract_state().params, batch)
-    return {**cost, "flops": unrolled_flops(trainer, batch, step=False)}
-
-
-def unrolled_flops(trainer: Trainer, batch: dict, step: bool) -> float:
-    """FLOPs of `trainer`'s train step (or eval step) with its layers unrolled, from XLA's cost
-    analysis of the program lowered for this CPU (nothing compiled; the count does not depend
-    on the chip): the analysis counts a scanned stack's layer once. The recomputation a remat
-    policy adds (elementwise work) is left out."""
-    twin = Trainer(trainer.model_config.replace(scan_layers=False, remat_policy="none"), trainer.train_config,
-                   mesh_lib.make_mesh(devices=jax.devices("cpu")[:1]), trainer.rules)
-    state = twin.abstract_state()
-    batch = {name: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=twin.batch_sharding) for name, x in batch.items()}
-    with mesh_lib.activation_sharding(twin.mesh, twin.rules):
-        lowered = (jax.jit(twin._train_step_fn).lower(state, {}, batch) if step
-                   else jax.jit(lambda p, b: twin._sums(p, {}, b, None)[1]).lower(state.params, batch))
-    cost = lowered.cost_analysis()
-    return (cost[0] if isinstance(cost, list) else cost)["flops"]
 
 
 def greedy_decoding(config, mesh, batch_size: int, lengths: dict) -> dict:
@@ -159,12 +141,6 @@ def greedy_decoding(config, mesh, batch_size: int, lengths: dict) -> dict:
             "memory": whole["memory"], "compile_s": start["compile_s"] + whole["compile_s"]}
 
 
-def measured_decoding(mesh) -> dict:
-    """The program of bench/gpu.py's measured decoding (`DECODE_MEASURED`), compiled for `mesh`."""
-    model, batch_size, lengths = DECODE_MEASURED
-    return greedy_decoding(get_config(model, dtype=jnp.bfloat16, dropout_rate=0.0), mesh, batch_size, lengths)
-
-
 def programs_in(dtype, mesh, profile) -> dict:
     """Every program of the course, computing in `dtype`, compiled for `mesh`'s chip."""
     costs = {}
@@ -178,68 +154,118 @@ def programs_in(dtype, mesh, profile) -> dict:
 
 
 def course(profile) -> dict:
-    """Per notebook: its training runs, decoded examples and how many times it runs each program.
+    """Per notebook: its training runs, decoded examples and how many times it runs each program
+    (`course_work`'s names). 00 times a matmul in float32 and bfloat16 (a first call, then the
+    best of 5); 01 runs no model. 02 pretrains (validating every `eval_every` steps), and its
+    interrupt-and-resume lesson trains 30 steps straight and 30 again, interrupted and resumed.
     03 and 04 fine-tune from the pretraining, from scratch and from the official checkpoint and
     decode the validation set after each (03 also fine-tunes T5X's checkpoint and runs its
-    sample-efficiency curve and LoRA and prompt tuning); 05 fine-tunes once (4 checkpoints, the last 3 kept),
-    teacher-forces the validation set, decodes it at the end (infer_eval) and at each kept
-    checkpoint (evaluate_checkpoints)."""
+    sample-efficiency curve and LoRA and prompt tuning, whose steps count as full fine-tuning
+    steps, an upper bound); each fine-tuning validates every `eval_every` steps (teacher-forced
+    batches and a decoded sample). 05 fine-tunes once, teacher-forces the validation set, decodes
+    it at the end and at each of the 3 kept checkpoints. 06 pretrains at each width (span
+    corruption + SSM) and once more without SSM, fine-tunes each for closed-book QA and decodes
+    its held-out questions, then memorises each world of its grid at each width and scores every
+    fact. Decoding counts every batch's full `targets` steps, an upper bound."""
     def decoded(task):
         return [min(n, profile.eval_examples or n) for n in VALIDATION_EXAMPLES[task].values()]
 
     def batches(examples):
         return sum(math.ceil(n / EVAL_BATCH) for n in examples)
 
+    def validations(steps):
+        return steps // profile.eval_every if profile.eval_every else 0
+
+    def finetuning(runs_steps, suffix=""):
+        """The train steps and validations of fine-tuning runs of these steps."""
+        checks = sum(validations(steps) for steps in runs_steps)
+        return {f"finetune_step{suffix}": sum(runs_steps), f"eval_step{suffix}": checks * profile.eval_batches,
+                f"decode_batch{suffix}": checks * math.ceil(profile.decoded_sample / EVAL_BATCH)}
+
+    def plus(*counts):
+        total = {}
+        for each in counts:
+            for name, n in each.items():
+                total[name] = total.get(name, 0) + n
+        return total
+
     wmt, qa = decoded(profile.finetune_task), decoded(profile.qa_task)
-    steps = profile.finetune_steps
+    steps, short = profile.finetune_steps, min(30, profile.pretrain_steps)
     forced = sum(VALIDATION_EXAMPLES[profile.qa_task].values()) // profile.batch_size  # full batches
+    pretraining = profile.pretrain_steps + 2 * short
+    widths = sorted({*profile.knowledge_widths, profile.ssm_width})
+    facts_qa = [min(FACTS_QA_VALIDATION, profile.eval_examples or FACTS_QA_VALIDATION)]
+    knowledge = plus(*({f"knowledge_pretrain_step_w{width}": profile.knowledge_steps * (2 if width == profile.ssm_width
+                                                                                      else 1),
+                        f"knowledge_pretrain_eval_step_w{width}": validations(profile.knowledge_steps)
+                        * profile.eval_batches * (2 if width == profile.ssm_width else 1)} for width in widths),
+                     *(finetuning([steps] * (2 if width == profile.ssm_width else 1), f"_w{width}") for width in widths),
+                     *({f"decode_batch_w{width}": batches(facts_qa) * (2 if width == profile.ssm_width else 1)}
+                       for width in widths),
+                     *({f"memorise_step_w{width}": memorisation_steps(profile, people),
+                        f"score_batch_w{width}": math.ceil(people * FACT_RELATIONS / SCORE_BATCH)}
+                       for width in profile.capacity_widths for people in profile.capacity_people))
     return {
-        "02_pretraining": {"runs": 1, "examples": 0, "counts": {"pretrain_step": profile.pretrain_steps}},
-        "03_finetuning": {"runs": 12, "examples": 12 * sum(wmt),  # + T5X's, the sample-efficiency curve's 6 runs
-                          # and 2 adapter runs, whose steps count as full fine-tuning steps (an upper bound: no
-                          # weight gradients)
-                          "counts": {"finetune_step": 6 * steps + 6 * profile.transfer_steps,
-                                     "decode_batch": 12 * batches(wmt)}},
+        "00_setup": {"runs": 0, "examples": 0, "counts": {"matmul_float32": 6, "matmul_bfloat16": 6}},
+        "01_tasks": {"runs": 0, "examples": 0, "counts": {}},
+        "02_pretraining": {"runs": 3, "examples": 0,
+                           "counts": {"pretrain_step": pretraining,
+                                      "pretrain_eval_step": validations(pretraining) * profile.eval_batches}},
+        "03_finetuning": {"runs": 12, "examples": 12 * sum(wmt),
+                          "counts": plus(finetuning([steps] * 6 + [profile.transfer_steps] * 6),
+                                         {"decode_batch": 12 * batches(wmt)})},
         "04_closed_book_qa": {"runs": 3, "examples": 3 * sum(qa),
-                              "counts": {"finetune_step": 3 * steps, "decode_batch": 3 * batches(qa)}},
+                              "counts": plus(finetuning([steps] * 3), {"decode_batch": 3 * batches(qa)})},
         "05_evaluation": {"runs": 1, "examples": 4 * sum(qa),
-                          "counts": {"finetune_step": steps, "eval_step": forced, "decode_batch": 4 * batches(qa)}},
+                          "counts": plus(finetuning([steps]), {"eval_step": forced, "decode_batch": 4 * batches(qa)})},
+        "06_knowledge_capacity": {
+            "runs": 2 * len(widths) + 2 + len(profile.capacity_widths) * len(profile.capacity_people),
+            "examples": (len(widths) + 1) * sum(facts_qa), "counts": knowledge},
     }
 
 
-def roofline_seconds(chip, dtype: str, program: dict) -> float:
-    """The least time a program can take: the larger of its FLOPs at the chip's peak in `dtype`
-    and XLA's bytes accessed at the chip's full memory bandwidth."""
-    return max(program["flops"] / chip.peak(dtype), program["bytes_accessed"] / chip.bandwidth)
+def memorisation_steps(profile, people: int) -> int:
+    """`capacity.memorisation_recipe`'s steps: every fact seen `capacity_exposures` times."""
+    return math.ceil(profile.capacity_exposures * people * FACT_RELATIONS / capacity.MEMORISATION_BATCH)
 
 
-def seconds_on(chip, dtype: str, name: str, program: dict, efficiency: dict) -> float:
-    """Training and eval steps: FLOPs at the measured train step's MFU in `dtype`. Decoding,
-    little arithmetic per byte: its roofline time over the measured decoding's fraction of it."""
-    if name == "decode_batch":
-        return roofline_seconds(chip, dtype, program) / efficiency["decode_batch"]
-    return program["flops"] / (chip.peak(dtype) * efficiency["train_step"][dtype])
-
-
-def efficiencies(decode_measured: dict) -> dict:
-    """What bench/gpu.py measured on an H200 (`GPU_RESULTS`), each against the data sheet's peak:
-    T5.1.1-small's train step at the accelerator course's shape in bfloat16, and at the fp32-gpu
-    profile's in float32 (TF32's peak: JAX's default matmul precision there), as MFU (model FLOPs,
-    `train_step_flops`); greedy decoding's roofline time over its measured time, for
-    `decode_measured` (`DECODE_MEASURED`'s program, compiled here: for a v5e where libtpu is
-    importable, so the ratio calibrates that program's bytes against the H200's time, not the
-    H200 program's own fraction of its roofline). Eval steps were not timed:
-    they get the train step's MFU."""
-    phases = json.loads(GPU_RESULTS.read_text())["phases"]
-    chip = chip_of(types.SimpleNamespace(device_kind=phases["train-small"]["device"]))
-
-    def mfu(phase):
-        return phases[phase]["analytic_flops"] / phases[phase]["step_s"] / chip.peak(phases[phase]["dtype"])
-
-    decode_s = phases["decode"]["batch_64"]["s"]
-    return {"measured_on": chip.kind, "file": GPU_RESULTS.name,
-            "train_step": {"bfloat16": mfu("train-small"), "float32": mfu("train-small-fp32")},
-            "decode_batch": roofline_seconds(chip, "bfloat16", decode_measured) / decode_s}
+def course_work(profile, dtype) -> dict:
+    """{program: `step_cost.Work`} of every program `course` counts, traced at the profile's
+    shapes in `dtype` (nothing compiled): the course's trainers (bench/programs.py), 06's
+    models on the facts world at each width (the recipes `capacity` runs), 00's matmul."""
+    mesh = mesh_lib.make_mesh(devices=jax.devices("cpu")[:1])
+    trainers, work = course_trainers(profile, dtype, mesh), {}
+    pretraining, pretrain_lengths, _ = trainers["pretrain_step"]
+    finetuning, finetune_lengths, _ = trainers["finetune_step"]
+    pretrain_batch = abstract_batch(pretraining, profile.batch_size, pretrain_lengths, True)
+    finetune_batch = abstract_batch(finetuning, profile.batch_size, finetune_lengths, False)
+    work["pretrain_step"] = step_cost.train_step_work(pretraining, pretrain_batch)
+    work["pretrain_eval_step"] = step_cost.train_step_work(pretraining, pretrain_batch, step=False)
+    work["finetune_step"] = step_cost.train_step_work(finetuning, finetune_batch)
+    work["eval_step"] = step_cost.train_step_work(finetuning, finetune_batch, step=False)
+    work["decode_batch"] = step_cost.decoding_work(finetuning.model_config, EVAL_BATCH, finetune_lengths)
+    for name in ("float32", "bfloat16"):
+        work[f"matmul_{name}"] = step_cost.matmul_work(profile.matmul_size, jnp.dtype(name))
+    for width in sorted({*profile.knowledge_widths, profile.ssm_width}):
+        recipe = workflow.pretraining_recipe(profile, profile.knowledge_steps, task=PRETRAINING,
+                                             model=capacity.width_model(width))
+        trainer = Trainer(recipe.model_config().replace(dtype=dtype), recipe.optimizer, mesh)
+        batch = abstract_batch(trainer, profile.batch_size, pretrain_lengths, True)
+        work[f"knowledge_pretrain_step_w{width}"] = step_cost.train_step_work(trainer, batch)
+        work[f"knowledge_pretrain_eval_step_w{width}"] = step_cost.train_step_work(trainer, batch, step=False)
+        tuner = Trainer(trainer.model_config, TrainConfig(learning_rate=1e-3), mesh)
+        batch = abstract_batch(tuner, profile.batch_size, finetune_lengths, False)
+        work[f"finetune_step_w{width}"] = step_cost.train_step_work(tuner, batch)
+        work[f"eval_step_w{width}"] = step_cost.train_step_work(tuner, batch, step=False)
+        work[f"decode_batch_w{width}"] = step_cost.decoding_work(tuner.model_config, EVAL_BATCH, finetune_lengths)
+    for width in profile.capacity_widths:
+        recipe = capacity.memorisation_recipe(profile, profile.capacity_people[0], width)
+        trainer = Trainer(recipe.model_config().replace(dtype=dtype), recipe.optimizer, mesh)
+        work[f"memorise_step_w{width}"] = step_cost.train_step_work(
+            trainer, abstract_batch(trainer, recipe.data.batch_size, capacity.FACT_LENGTHS, False))
+        work[f"score_batch_w{width}"] = step_cost.train_step_work(
+            trainer, abstract_batch(trainer, SCORE_BATCH, capacity.FACT_LENGTHS, False), step=False)
+    return work
 
 
 def compile_ratios(mesh, programs: dict) -> dict:
@@ -283,8 +309,7 @@ def estimate() -> dict:
     result = {"date": datetime.date.today().isoformat(), "commit": commit(),
               "compiled_for": mesh.devices.flat[0].device_kind, "bench_seconds": round(time.perf_counter() - started),
               "profiles": {name: dataclasses.asdict(get_profile(name)) for name in {p for *_, p in setups().values()}},
-              "assumptions": {"decode_measured": measured_decoding(mesh),
-                              "compile_ratios": compile_ratios(mesh, programs),
+              "assumptions": {"compile_ratios": compile_ratios(mesh, programs),
                               "eval_batch": EVAL_BATCH, "validation_examples": VALIDATION_EXAMPLES,
                               "chips": {key: dataclasses.asdict(CHIPS[key]) for _, key, _ in SETUPS}},
               "programs": programs}
@@ -296,45 +321,85 @@ def setups() -> dict:
     return {name: (CHIPS[key], count, profile_name_for(CHIPS[key].device())) for name, key, count in SETUPS}
 
 
+def knowledge_compile_seconds(profile, cpu_seconds: dict) -> float:
+    """06's compile seconds on this CPU, not measured: at each width the programs of 02's
+    pretraining and of 03's fine-tuning (their measured seconds), and at each grid width a
+    pretraining's (its memorising and scoring); span corruption with and without SSM share theirs."""
+    first = cpu_seconds
+    pretraining = sum(first["02_pretraining"].get(name, 0.0) for name in
+                      ("init", "optimizer init", "train step", "checkpoint layout", "eval step"))
+    finetuning = sum(seconds for name, seconds in first["03_finetuning"].items()
+                     if name in ("optimizer init", "train step", "checkpoint layout", "eval step")
+                     or name.startswith("greedy 64") and "(" not in name)
+    widths = {*profile.knowledge_widths, profile.ssm_width}
+    return len(widths) * (pretraining + finetuning) + len(profile.capacity_widths) * pretraining
+
+
+def compile_seconds_by_program(profile_name: str) -> dict:
+    """bench/compile.py's first-run seconds (trace + compile) of each program, per notebook."""
+    measured = json.loads(COMPILE_RESULTS.read_text())
+    first = measured["results"][measured["current"]][profile_name]["first"]
+    return {notebook: {name: s["trace"] + s["compile"] for name, s in programs.items()}
+            for notebook, programs in first.items()}
+
+
 def count(result: dict) -> dict:
-    """`result` with each setup's minutes per notebook: its programs' compute, and compiling for
-    `COMPILE_RESULTS`' seconds times the chip's ratio."""
+    """`result` with each setup's minutes per notebook, the least and the most (`step_cost.seconds`):
+    its programs' work (`course_work`) at the rates calibrated on the H200, and compiling:
+    `COMPILE_RESULTS`' seconds (06's from its programs, `knowledge_compile_seconds`) times the
+    chip's ratio."""
     ratios = {**result["assumptions"]["compile_ratios"], "gpu": round(gpu_compile_ratio(), 2)}
-    efficiency = efficiencies(result["assumptions"]["decode_measured"])
-    results = {}
+    calibration = step_cost.calibrate()
+    works, results = {}, {}
     for name, (chip, count, profile_name) in setups().items():
         dtype = jnp.dtype(compute_dtype(chip.device())).name
+        profile = get_profile(profile_name)
+        if (profile_name, dtype) not in works:
+            works[profile_name, dtype] = course_work(profile, jnp.dtype(dtype))
         compiled, notebooks = result["programs"][f"{profile_name} {dtype}"], {}
-        cpu_compile_s = compile_seconds(profile_name)
-        # one run of each program on `count` chips, splitting its batch
-        seconds = {program: seconds_on(chip, dtype, program, cost, efficiency) / count
-                   for program, cost in compiled.items()}
-        for notebook, plan in course(get_profile(profile_name)).items():
+        by_program = compile_seconds_by_program(profile_name)
+        cpu_compile_s = {notebook: sum(programs.values()) for notebook, programs in by_program.items()}
+        cpu_compile_s["06_knowledge_capacity"] = knowledge_compile_seconds(profile, by_program)
+        # one run of each program on `count` chips, splitting its batch (not its operations)
+        seconds = {program: step_cost.seconds(work.split(count), chip, dtype, calibration)
+                   for program, work in works[profile_name, dtype].items()}
+        for notebook, plan in course(profile).items():
             counts = plan["counts"]
-            compute = sum(n * seconds[program] for program, n in counts.items())
-            compiling = cpu_compile_s[notebook] * ratios[chip.platform]
+            least, most = (sum(n * seconds[program][end] for program, n in counts.items()) for end in (0, 1))
+            compiling = cpu_compile_s.get(notebook, 0.0) * ratios[chip.platform]
+            memory = [compiled[program]["memory"] for program in counts if program in compiled]
             notebooks[notebook] = {
                 "training_runs": plan["runs"], "decoded_examples": plan["examples"],
-                "train_steps": counts.get("pretrain_step", 0) + counts.get("finetune_step", 0),
-                "minutes": (compute + compiling) / 60, "compute_minutes": compute / 60,
-                "compile_minutes": compiling / 60,
-                "memory_gb": max(compiled[program]["memory"] for program in counts) / 1e9}
-        compute_minutes = sum(row["compute_minutes"] for row in notebooks.values())
-        compile_minutes = sum(row["compile_minutes"] for row in notebooks.values())
+                "train_steps": sum(n for program, n in counts.items() if "_step" in program and "eval" not in program),
+                "minutes": (most + compiling) / 60, "least_minutes": (least + compiling) / 60,
+                "compute_minutes": most / 60, "compile_minutes": compiling / 60,
+                "memory_gb": max(memory, default=0) / 1e9}
+        total = {key: sum(row[key] for row in notebooks.values())
+                 for key in ("minutes", "least_minutes", "compute_minutes", "compile_minutes")}
         memory_gb = max(row["memory_gb"] for row in notebooks.values())
         results[name] = {"chip": chip.kind, "chips": count, "profile": profile_name, "dtype": dtype,
-                         "notebooks": notebooks, "minutes": compute_minutes + compile_minutes,
-                         "seconds_per_run": seconds,
-                         "compute_minutes": compute_minutes, "compile_minutes": compile_minutes,
-                         "memory_gb": memory_gb, "fits_in_memory": memory_gb * 1e9 <= chip.memory,
-                         "train_mfu": efficiency["train_step"][dtype],
-                         # the train step's MFU at which the course takes an hour, every program sped up alike
-                         "mfu_for_60_minutes": compute_minutes * efficiency["train_step"][dtype] / (60 - compile_minutes)}
+                         "measured_kind": step_cost.measured_kind(chip, dtype), "notebooks": notebooks, **total,
+                         "seconds_per_run": {program: list(ends) for program, ends in seconds.items()},
+                         "memory_gb": memory_gb, "fits_in_memory": memory_gb * 1e9 <= chip.memory}
     compile_results = json.loads(COMPILE_RESULTS.read_text())
-    return {**result, "assumptions": {**result["assumptions"], "efficiency": efficiency, "compile_ratios": ratios,
-                                      "compile_results": {
-        "file": COMPILE_RESULTS.name, "commit": compile_results["current"], "cpu": compile_results["cpu"],
-        "gpu_file": GPU_COMPILE_RESULTS.name}}, "setups": results}
+    return {**result, "profiles": {name: dataclasses.asdict(get_profile(name)) for name in result["profiles"]},
+            "assumptions": {**{key: value for key, value in result["assumptions"].items()
+                               if key not in ("decode_measured", "efficiency")},
+                            "calibration": calibration, "compile_ratios": ratios,
+                            "compile_results": {"file": COMPILE_RESULTS.name, "commit": compile_results["current"],
+                                                "cpu": compile_results["cpu"], "gpu_file": GPU_COMPILE_RESULTS.name}},
+            "setups": results}
+
+
+def same_shapes(result: dict) -> None:
+    """Refuse to count again from kept programs compiled for other shapes than today's profiles'."""
+    shapes = ("model", "batch_size", "inputs_length", "targets_length", "finetune_inputs_length",
+              "finetune_targets_length", "execution")
+    for name, kept in result["profiles"].items():
+        changed = [field for field in shapes if kept[field] != getattr(get_profile(name), field)]
+        if changed:
+            raise SystemExit(f"profile {name}: {', '.join(changed)} changed since its programs were compiled; "
+                             "run without --recount")
 
 
 def commit() -> str:
@@ -355,15 +420,21 @@ def estimates_table():
 def main():
     path = RESULTS / "accelerator_estimates.json"
     # --recount: the course times again from the programs kept in the JSON, for new compile seconds
-    result = count(json.loads(path.read_text())) if "--recount" in sys.argv[1:] else estimate()
+    if "--recount" in sys.argv[1:]:
+        kept = json.loads(path.read_text())
+        same_shapes(kept)
+        result = count(kept)
+    else:
+        result = estimate()
     print(estimates_table().table(result))
-    efficiency = result["assumptions"]["efficiency"]
-    print(f"\ncompiled for {result['compiled_for']} in {result['bench_seconds']} s; measured on an {efficiency['measured_on']}: "
-          f"train step MFU {efficiency['train_step']['bfloat16']:.1%} (bfloat16), "
-          f"{efficiency['train_step']['float32']:.1%} (float32 as TF32), decoding "
-          f"{efficiency['decode_batch']:.2f} x the roofline of its program compiled for {result['compiled_for']}; "
-          f"compiling {result['assumptions']['compile_ratios']} "
-          f"times this CPU's {COMPILE_RESULTS.name}")
+    calibration = result["assumptions"]["calibration"]
+    print(f"\ncompiled for {result['compiled_for']} in {result['bench_seconds']} s; calibrated on an "
+          f"{calibration['measured_on']}: matmuls at {calibration['matmul_efficiency']:.1%} of the peak, the counted "
+          f"bytes at {calibration['bandwidth_efficiency']:.2f} x the bandwidth, "
+          f"{calibration['seconds_per_operation'] * 1e6:.2f} us per other operation; given back: "
+          + ", ".join(f"{name} {row['estimated_s'] / row['measured_s']:.2f}"
+                      for name, row in calibration["given_back"].items())
+          + f"; compiling {result['assumptions']['compile_ratios']} times this CPU's {COMPILE_RESULTS.name}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
 

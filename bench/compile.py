@@ -18,7 +18,8 @@ its load from the persistent cache; never its run. Where the library keeps compi
 cache folder, in course order, then all run again with the warm cache, as a rerun would. Commits given run the same
 programs with their own t5nb (a git worktree of each on PYTHONPATH; from 414b92f on, whose t5nb
 has what bench/programs.py builds the trainers from). Not counted: the hand-built
-train step of notebook 02's lesson, and 06, which the estimates leave out too.
+train step of notebook 02's lesson, and 06, whose compile seconds the estimates take from 02's and 03's
+programs (bench/accelerator_estimates.py, `knowledge_compile_seconds`).
 
 Prints a table per profile; writes bench/results/compile.json (or --out) after each notebook, whose seconds (the last code
 measured, its first run) bench/accelerator_estimates.py counts in each chip's course time.

@@ -43,8 +43,9 @@ def measure(profile_name: str, batches: int) -> dict:
 
 
 def consumption(estimates: dict, profile_name: str) -> dict:
-    """Sequences/s each setup of that profile pretrains at, by the estimates."""
-    return {name: estimates["profiles"][profile_name]["batch_size"] / setup["seconds_per_run"]["pretrain_step"]
+    """Sequences/s each setup of that profile pretrains at, by the estimates: at their least step
+    time, the most it consumes."""
+    return {name: estimates["profiles"][profile_name]["batch_size"] / setup["seconds_per_run"]["pretrain_step"][0]
             for name, setup in estimates["setups"].items() if setup["profile"] == profile_name}
 
 

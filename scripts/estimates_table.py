@@ -5,9 +5,9 @@
 rewrites, from bench/results/accelerator_estimates.json, the table between the `estimates-table`
 markers of docs/accelerators.md (every setup, by notebook) and the one between the `chip-table`
 markers of README.md (each setup's profile and course time). tests/test_readme.py fails when a
-table and the JSON disagree. It reads only each setup's `profile`, `dtype`, `minutes`,
-`compile_minutes`, `memory_gb`, `fits_in_memory`, `train_mfu`, `mfu_for_60_minutes` and its
-notebooks' `minutes`.
+table and the JSON disagree. It reads only each setup's `profile`, `dtype`, `measured_kind`,
+`minutes`, `least_minutes`, `compile_minutes`, `memory_gb`, `fits_in_memory` and its notebooks'
+`minutes` (the upper end of each estimate).
 """
 import json
 import pathlib
@@ -23,34 +23,40 @@ def _notebooks(result: dict) -> list[str]:
 
 
 def span(result: dict) -> str:
-    """`02-05`: the first and last notebook the estimate covers."""
+    """`00-06`: the first and last notebook the estimate covers."""
     names = _notebooks(result)
     return f"{names[0][:2]}-{names[-1][:2]}"
 
 
+def _range(row: dict) -> str:
+    """A setup's course minutes: one number where its chip's kind was measured, else least-most."""
+    return f"{row['minutes']:.0f}" if row["measured_kind"] else f"{row['least_minutes']:.0f}-{row['minutes']:.0f}"
+
+
 def table(result: dict) -> str:
-    """docs/accelerators.md's table: a row per setup, minutes per notebook."""
+    """docs/accelerators.md's table: a row per setup, minutes per notebook (the upper end)."""
     names = _notebooks(result)
     lines = ["| setup | profile | dtype | " + " | ".join(f"{name[:2]} min" for name in names)
-             + " | **course min** | of it compiling | GB per chip | train step MFU | MFU for 60 min |",
-             "|---|---|---|" + "---:|" * len(names) + "---:|---:|---:|---:|---:|"]
+             + " | **course min** | of it compiling | GB per chip |",
+             "|---|---|---|" + "---:|" * len(names) + "---:|---:|---:|"]
     for name, row in result["setups"].items():
-        minutes = " | ".join(f"{row['notebooks'][notebook]['minutes']:.0f}" for notebook in names)
-        lines.append(f"| {name} | `{row['profile']}` | {row['dtype']} | {minutes} | **{row['minutes']:.0f}** | "
+        minutes = " | ".join(f"{row['notebooks'][notebook]['minutes']:.1f}" for notebook in names)
+        lines.append(f"| {name} | `{row['profile']}` | {row['dtype']} | {minutes} | **{_range(row)}** | "
                      f"{row['compile_minutes']:.0f} | "
-                     f"{row['memory_gb']:.1f}{'' if row['fits_in_memory'] else ' (too much)'} | "
-                     f"{row['train_mfu']:.1%} | {row['mfu_for_60_minutes']:.0%} |")
+                     f"{row['memory_gb']:.1f}{'' if row['fits_in_memory'] else ' (too much)'} |")
     return "\n".join(lines)
 
 
 def chip_table(result: dict) -> str:
     """README.md's table: a row per setup, its profile, estimated course time and, of it, the
     first run's compiling."""
-    lines = [f"| setup | profile | compute dtype | notebooks {span(result)}, first run | of it compiling |",
-             "|---|---|---|---:|---:|"]
+    lines = [f"| setup | profile | compute dtype | notebooks {span(result)}, first run | longest notebook | of it compiling |",
+             "|---|---|---|---:|---:|---:|"]
     for name, row in result["setups"].items():
-        lines.append(f"| {name} | `{row['profile']}` | {row['dtype']} | about {row['minutes']:.0f} min, estimated"
+        longest = max(row["notebooks"], key=lambda notebook: row["notebooks"][notebook]["minutes"])
+        lines.append(f"| {name} | `{row['profile']}` | {row['dtype']} | {_range(row)} min, estimated"
                      f"{'' if row['fits_in_memory'] else ' (does not fit its memory)'} | "
+                     f"{longest[:2]}: {row['notebooks'][longest]['minutes']:.0f} min | "
                      f"{row['compile_minutes']:.0f} min |")
     return "\n".join(lines)
 

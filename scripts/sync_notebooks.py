@@ -37,7 +37,7 @@ import t5nb
 t5nb.tune_host()  # first: keep freed host memory for XLA:CPU's step buffers (see t5nb.host)
 if KEEP_RUNS_ON_DRIVE:
     t5nb.system.keep_runs_on_drive()
-profile = t5nb.choose_profile(PROFILE)  # prints what it runs, and how long the course takes on this chip"""
+profile = t5nb.choose_profile(PROFILE, "{notebook}")  # prints what it runs, how long this notebook takes here"""
 
 
 def repository(root=ROOT) -> tuple[str, str]:
@@ -58,10 +58,10 @@ def badge(notebook: str, root=ROOT) -> str:
             f"({KAGGLE}{repo}/blob/{branch}/notebooks/{notebook})")
 
 
-def setup_cell(root=ROOT) -> list[str]:
-    """The setup cell's source, as notebook JSON keeps it: a list of lines."""
+def setup_cell(notebook: str, root=ROOT) -> list[str]:
+    """The setup cell's source of notebooks/<notebook>.ipynb, as notebook JSON keeps it: a list of lines."""
     repo, branch = repository(root)
-    return SETUP.format(repo=repo, branch=branch).splitlines(keepends=True)
+    return SETUP.format(repo=repo, branch=branch, notebook=notebook).splitlines(keepends=True)
 
 
 def sync(root=ROOT) -> list[pathlib.Path]:
@@ -78,7 +78,7 @@ def sync(root=ROOT) -> list[pathlib.Path]:
             first["source"][0] = badge(path.name, root) + "\n"
         else:
             first["source"][:0] = [badge(path.name, root) + "\n", "\n"]
-        setup["source"] = setup_cell(root)
+        setup["source"] = setup_cell(path.stem, root)
         changed += _write(path, json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
     readme = root / "README.md"
     text = BADGE_LINK.sub(lambda link: f"{link[1]}{repo}/blob/{branch}/", readme.read_text(encoding="utf-8"))

@@ -220,11 +220,12 @@ def course_minutes(name: str, device=None, count: int | None = None) -> tuple[di
 CHOICES = ["detected", "cpu", "accelerator", "fp32-gpu", "ci"]  # the setup cell's form field
 
 
-def choose_profile(name: str = "detected") -> Profile:
+def choose_profile(name: str = "detected", notebook: str | None = None) -> Profile:
     """The setup cell's profile: `detected` keeps `T5NB_PROFILE` or detection; another of
     `PROFILES` is set as `T5NB_PROFILE` for this kernel and what it starts. Keeps the programs
     this kernel compiles for the next (`system.keep_compiled_programs`), and prints what the
-    profile runs and how long its course takes here (`course_minutes`)."""
+    profile runs, how long `notebook` (e.g. "02_pretraining") and the whole course take here
+    (`course_minutes`)."""
     compiled = keep_compiled_programs()
     name = name.strip().lower()
     if name != "detected":
@@ -240,8 +241,16 @@ def choose_profile(name: str = "detected") -> Profile:
         print(f"  no time measured or estimated for this profile on {jax.devices()[0].device_kind}")
     else:
         per_notebook, source = minutes
+        if notebook in per_notebook:
+            print(f"  this notebook, {notebook}: about {_minutes(per_notebook[notebook])} on "
+                  f"{jax.devices()[0].device_kind}, its first run")
         print(f"  the course in about {sum(per_notebook.values()):.0f} min ("
-              + ", ".join(f"{notebook[:2]}: {value:.0f}" for notebook, value in per_notebook.items() if value >= 1)
+              + ", ".join(f"{key[:2]}: {_minutes(value)}" for key, value in per_notebook.items())
               + f"), {source}")
     print(f"  compiled programs are kept in {compiled}: the next notebook loads them instead of compiling")
     return profile
+
+
+def _minutes(value: float) -> str:
+    """`value` minutes, said to a learner: whole minutes, or under one."""
+    return f"{value:.0f} min" if value >= 0.5 else "under a minute"

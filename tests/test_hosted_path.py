@@ -26,7 +26,7 @@ def test_badges_and_setup_cells_are_what_sync_notebooks_writes(tmp_path):
     for path in sorted((ROOT / "notebooks").glob("*.ipynb")):  # what was compared, spelled out
         first, setup = json.loads(path.read_text())["cells"][:2]
         assert first["source"][0] == sync_notebooks.badge(path.name) + "\n"
-        assert setup["source"] == sync_notebooks.setup_cell()
+        assert setup["source"] == sync_notebooks.setup_cell(path.stem)
 
 
 def test_no_file_names_another_repository_for_the_project():

@@ -1,0 +1,82 @@
+"""The course's time on each chip (bench/step_cost.py, bench/accelerator_estimates.py): the method
+counts what it should, gives back what the H200 measured, and the committed estimate fits every
+free chip's session budget."""
+import json
+import math
+import pathlib
+import sys
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+import step_cost  # noqa: E402  (bench/step_cost.py)
+
+ESTIMATES = BENCH / "results" / "accelerator_estimates.json"
+FREE = ("Colab T4", "Colab TPU v5e-1", "Kaggle 2 x T4", "Kaggle TPU v5e-8")  # what a learner gets for nothing
+NOTEBOOK_MINUTES, COURSE_MINUTES = 15, 60
+
+
+def test_count_takes_matmuls_as_flops_every_operation_as_bytes_and_loops_as_often_as_they_run():
+    a, b = jax.ShapeDtypeStruct((4, 8), jnp.float32), jax.ShapeDtypeStruct((8, 16), jnp.float32)
+    matmul = step_cost.count(step_cost.traced(jnp.matmul, a, b).jaxpr)
+    assert (matmul.matmul_flops, matmul.bytes, matmul.operations) == (2 * 4 * 8 * 16, 4 * (32 + 128 + 64), 0)
+    relu = step_cost.count(step_cost.traced(lambda x, y: jnp.maximum(x @ y, 0.0), a, b).jaxpr)
+    assert relu.operations == 1 and relu.bytes == matmul.bytes + 4 * (64 + 64)  # reads and writes [4, 16]
+
+    def scanned(x):
+        return jax.lax.scan(lambda carry, _: (carry @ jnp.eye(8), None), x, None, length=5)[0]
+
+    assert step_cost.count(step_cost.traced(scanned, a).jaxpr).matmul_flops == 5 * 2 * 4 * 8 * 8
+
+    def looped(x):
+        return jax.lax.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 1, c[1] @ jnp.eye(8)), (0, x))[1]
+
+    assert step_cost.count(step_cost.traced(looped, a).jaxpr, loop_trips=7).matmul_flops == 7 * 2 * 4 * 8 * 8
+    assert step_cost.Work(10.0, 20.0, 3).split(2) == step_cost.Work(5.0, 10.0, 3)  # every chip launches each op
+
+
+def test_the_method_gives_back_each_step_the_h200_measured_within_10_percent():
+    """Three rates fitted to five measurements (three train steps, two decodings) give back each
+    train step within 10% and each decoding within 15%; and the share of the step it puts in
+    matmuls is near what the H200's profile measured (bench/results/gpu-...-profile.json)."""
+    calibration = step_cost.calibrate()
+    given = {name: row["estimated_s"] / row["measured_s"] for name, row in calibration["given_back"].items()}
+    assert set(given) == {"train-small", "train-base", "train-small-fp32", "decode-8", "decode-64"}
+    for name, ratio in given.items():
+        assert abs(ratio - 1) <= (0.10 if name.startswith("train") else 0.15), (name, ratio)
+    assert 0 < calibration["matmul_efficiency"] <= 1 and calibration["seconds_per_operation"] > 0
+    profile = json.loads((BENCH / "results" / "gpu-20261126-205658-gpu-profile.json").read_text())["models"]
+    for phase, model in (("train-small", "t5.1.1-small"), ("train-base", "t5.1.1-base")):
+        measured = profile[model]["share"]["matmuls"]
+        assert abs(calibration["given_back"][phase]["matmul_share"] - measured) < 0.1, (phase, measured)
+
+
+def test_a_chip_of_an_unmeasured_kind_gets_a_range_a_measured_one_a_time():
+    from t5nb.profiles import CHIPS
+
+    rates = {"matmul_efficiency": 0.5, "bandwidth_efficiency": 2.0, "seconds_per_operation": 1e-6}
+    work = step_cost.Work(1e12, 1e10, 1000)
+    least, most = step_cost.seconds(work, CHIPS["t4"], "float32", rates)  # CUDA cores: not measured
+    compute, memory = 1e12 / (8.1e12 * 0.5), 1e10 / (320e9 * 2.0)
+    assert least == pytest.approx(max(compute, memory) + 1e-3) and most == pytest.approx(compute + memory + 1e-3)
+    assert step_cost.seconds(work, CHIPS["a100"], "bfloat16", rates)[0] == step_cost.seconds(
+        work, CHIPS["a100"], "bfloat16", rates)[1]
+    assert not step_cost.measured_kind(CHIPS["v5e"], "bfloat16") and step_cost.measured_kind(CHIPS["h100"], "float32")
+
+
+@pytest.mark.parametrize("setup", FREE)
+def test_every_notebook_fits_a_free_session_on_each_free_chip(setup):
+    """The committed estimate (its upper end) of each notebook's first run, compiling included:
+    at most 15 minutes each and 60 for 00-06."""
+    row = json.loads(ESTIMATES.read_text())["setups"][setup]
+    notebooks = {path.stem for path in (BENCH.parent / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    assert set(row["notebooks"]) == notebooks
+    too_long = {name: round(each["minutes"], 1) for name, each in row["notebooks"].items()
+                if each["minutes"] > NOTEBOOK_MINUTES}
+    assert not too_long, f"{setup}: over {NOTEBOOK_MINUTES} min: {too_long}"
+    assert row["minutes"] == pytest.approx(sum(each["minutes"] for each in row["notebooks"].values()))
+    assert row["minutes"] <= COURSE_MINUTES and row["least_minutes"] <= row["minutes"]
+    assert math.isclose(row["minutes"], row["compute_minutes"] + row["compile_minutes"], rel_tol=1e-9)
