@@ -292,9 +292,15 @@ def gpu_compile_ratio() -> float:
 def compile_seconds(profile_name: str, path: pathlib.Path = COMPILE_RESULTS) -> dict:
     """bench/compile.py's measured compile seconds per notebook (this CPU's, or `path`'s), the
     course run in order."""
+    return {notebook: sum(programs.values())
+            for notebook, programs in compile_seconds_by_program(profile_name, path).items()}
+
+
+def compile_seconds_by_program(profile_name: str, path: pathlib.Path = COMPILE_RESULTS) -> dict:
+    """{notebook: {program: first-run seconds, trace + compile}} of bench/compile.py's `path`."""
     measured = json.loads(path.read_text())
     first = measured["results"][measured["current"]][profile_name]["first"]
-    return {notebook: sum(seconds["trace"] + seconds["compile"] for seconds in programs.values())
+    return {notebook: {name: s["trace"] + s["compile"] for name, s in programs.items()}
             for notebook, programs in first.items()}
 
 
@@ -321,11 +327,11 @@ def setups() -> dict:
     return {name: (CHIPS[key], count, profile_name_for(CHIPS[key].device())) for name, key, count in SETUPS}
 
 
-def knowledge_compile_seconds(profile, cpu_seconds: dict) -> float:
+def knowledge_compile_seconds(profile, first: dict) -> float:
     """06's compile seconds on this CPU, not measured: at each width the programs of 02's
-    pretraining and of 03's fine-tuning (their measured seconds), and at each grid width a
-    pretraining's (its memorising and scoring); span corruption with and without SSM share theirs."""
-    first = cpu_seconds
+    pretraining and of 03's fine-tuning (`first`: their measured seconds, by notebook and program),
+    and at each grid width a pretraining's (its memorising and scoring); span corruption with and
+    without SSM share theirs."""
     pretraining = sum(first["02_pretraining"].get(name, 0.0) for name in
                       ("init", "optimizer init", "train step", "checkpoint layout", "eval step"))
     finetuning = sum(seconds for name, seconds in first["03_finetuning"].items()
@@ -333,14 +339,6 @@ def knowledge_compile_seconds(profile, cpu_seconds: dict) -> float:
                      or name.startswith("greedy 64") and "(" not in name)
     widths = {*profile.knowledge_widths, profile.ssm_width}
     return len(widths) * (pretraining + finetuning) + len(profile.capacity_widths) * pretraining
-
-
-def compile_seconds_by_program(profile_name: str) -> dict:
-    """bench/compile.py's first-run seconds (trace + compile) of each program, per notebook."""
-    measured = json.loads(COMPILE_RESULTS.read_text())
-    first = measured["results"][measured["current"]][profile_name]["first"]
-    return {notebook: {name: s["trace"] + s["compile"] for name, s in programs.items()}
-            for notebook, programs in first.items()}
 
 
 def count(result: dict) -> dict:
@@ -357,9 +355,8 @@ def count(result: dict) -> dict:
         if (profile_name, dtype) not in works:
             works[profile_name, dtype] = course_work(profile, jnp.dtype(dtype))
         compiled, notebooks = result["programs"][f"{profile_name} {dtype}"], {}
-        by_program = compile_seconds_by_program(profile_name)
-        cpu_compile_s = {notebook: sum(programs.values()) for notebook, programs in by_program.items()}
-        cpu_compile_s["06_knowledge_capacity"] = knowledge_compile_seconds(profile, by_program)
+        cpu_compile_s = {**compile_seconds(profile_name), "06_knowledge_capacity": knowledge_compile_seconds(
+            profile, compile_seconds_by_program(profile_name))}
         # one run of each program on `count` chips, splitting its batch (not its operations)
         seconds = {program: step_cost.seconds(work.split(count), chip, dtype, calibration)
                    for program, work in works[profile_name, dtype].items()}
@@ -382,7 +379,8 @@ def count(result: dict) -> dict:
                          "seconds_per_run": {program: list(ends) for program, ends in seconds.items()},
                          "memory_gb": memory_gb, "fits_in_memory": memory_gb * 1e9 <= chip.memory}
     compile_results = json.loads(COMPILE_RESULTS.read_text())
-    return {**result, "profiles": {name: dataclasses.asdict(get_profile(name)) for name in result["profiles"]},
+    return {**result, "counted": {"date": datetime.date.today().isoformat(), "commit": commit()},
+            "profiles": {name: dataclasses.asdict(get_profile(name)) for name in result["profiles"]},
             "assumptions": {**{key: value for key, value in result["assumptions"].items()
                                if key not in ("decode_measured", "efficiency")},
                             "calibration": calibration, "compile_ratios": ratios,
