@@ -1,6 +1,6 @@
 """The course's time on each chip (bench/step_cost.py, bench/accelerator_estimates.py): the method
-counts what it should, gives back what the H200 measured, and the committed estimate fits every
-free chip's session budget."""
+counts what it should, gives back what the H200 measured, and the committed estimate keeps every
+free chip's notebooks within 15 minutes each and 60 in all."""
 import json
 import math
 import pathlib
