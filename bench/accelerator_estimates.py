@@ -32,6 +32,7 @@ import t5nb  # noqa: E402
 
 t5nb.tune_host()  # first: its malloc setting must precede any other thread's first allocation
 
+import collections  # noqa: E402
 import dataclasses  # noqa: E402
 import datetime  # noqa: E402
 import importlib.util  # noqa: E402
@@ -183,25 +184,20 @@ def course(profile) -> dict:
                 f"decode_batch{suffix}": checks * math.ceil(profile.decoded_sample / EVAL_BATCH)}
 
     def plus(*counts):
-        total = {}
-        for each in counts:
-            for name, n in each.items():
-                total[name] = total.get(name, 0) + n
-        return total
+        return dict(sum(map(collections.Counter, counts), collections.Counter()))
 
     wmt, qa = decoded(profile.finetune_task), decoded(profile.qa_task)
     steps, short = profile.finetune_steps, min(30, profile.pretrain_steps)
     forced = sum(VALIDATION_EXAMPLES[profile.qa_task].values()) // profile.batch_size  # full batches
     pretraining = profile.pretrain_steps + 2 * short
-    widths = sorted({*profile.knowledge_widths, profile.ssm_width})
+    # 06's pretrainings at each width (then one fine-tuning each): the SSM width twice, with and without SSM
+    runs = {width: 1 + (width == profile.ssm_width) for width in sorted({*profile.knowledge_widths, profile.ssm_width})}
     facts_qa = [min(FACTS_QA_VALIDATION, profile.eval_examples or FACTS_QA_VALIDATION)]
-    knowledge = plus(*({f"knowledge_pretrain_step_w{width}": profile.knowledge_steps * (2 if width == profile.ssm_width
-                                                                                      else 1),
-                        f"knowledge_pretrain_eval_step_w{width}": validations(profile.knowledge_steps)
-                        * profile.eval_batches * (2 if width == profile.ssm_width else 1)} for width in widths),
-                     *(finetuning([steps] * (2 if width == profile.ssm_width else 1), f"_w{width}") for width in widths),
-                     *({f"decode_batch_w{width}": batches(facts_qa) * (2 if width == profile.ssm_width else 1)}
-                       for width in widths),
+    knowledge = plus(*({f"knowledge_pretrain_step_w{width}": n * profile.knowledge_steps,
+                        f"knowledge_pretrain_eval_step_w{width}": n * validations(profile.knowledge_steps)
+                        * profile.eval_batches, f"decode_batch_w{width}": n * batches(facts_qa)}
+                       for width, n in runs.items()),
+                     *(finetuning([steps] * n, f"_w{width}") for width, n in runs.items()),
                      *({f"memorise_step_w{width}": memorisation_steps(profile, people),
                         f"score_batch_w{width}": math.ceil(people * FACT_RELATIONS / SCORE_BATCH)}
                        for width in profile.capacity_widths for people in profile.capacity_people))
@@ -219,8 +215,8 @@ def course(profile) -> dict:
         "05_evaluation": {"runs": 1, "examples": 4 * sum(qa),
                           "counts": plus(finetuning([steps]), {"eval_step": forced, "decode_batch": 4 * batches(qa)})},
         "06_knowledge_capacity": {
-            "runs": 2 * len(widths) + 2 + len(profile.capacity_widths) * len(profile.capacity_people),
-            "examples": (len(widths) + 1) * sum(facts_qa), "counts": knowledge},
+            "runs": 2 * sum(runs.values()) + len(profile.capacity_widths) * len(profile.capacity_people),
+            "examples": sum(runs.values()) * sum(facts_qa), "counts": knowledge},
     }
 
 

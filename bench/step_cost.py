@@ -31,6 +31,7 @@ import dataclasses
 import json
 import math
 import pathlib
+import types
 
 import jax
 import jax.numpy as jnp
@@ -143,11 +144,10 @@ def matmul_work(size: int, dtype) -> Work:
 
 
 # -- calibration on the H200 ----------------------------------------------------------------------
-def measured_programs() -> dict:
-    """{name: (Work, dtype, measured seconds)} of bench/gpu.py's H200 run (`GPU_RESULTS`): the
-    train steps at the `accelerator` and `fp32-gpu` profiles' shapes, the profile's execution
-    (scanned layers, remat "minimal", the H200's choice), and greedy decoding."""
-    phases = json.loads(GPU_RESULTS.read_text())["phases"]
+def measured_programs(phases: dict) -> dict:
+    """{name: (Work, dtype, measured seconds)} of bench/gpu.py's H200 run (`phases` of
+    `GPU_RESULTS`): the train steps at the `accelerator` and `fp32-gpu` profiles' shapes, the
+    profile's execution (scanned layers, remat "minimal", the H200's choice), and greedy decoding."""
     mesh = mesh_lib.make_mesh(devices=jax.devices("cpu")[:1])
     programs = {}
     for phase, profile_name in (("train-small", "accelerator"), ("train-base", "accelerator"),
@@ -166,11 +166,12 @@ def measured_programs() -> dict:
     return programs
 
 
-def calibrate(programs: dict | None = None) -> dict:
+def calibrate() -> dict:
     """The three rates fitted to `measured_programs` (least squares on the relative error), and
     what the fit gives back for each measured program."""
-    programs = programs or measured_programs()
-    chip = chip_of(_h200_device())
+    phases = json.loads(GPU_RESULTS.read_text())["phases"]
+    programs = measured_programs(phases)
+    chip = chip_of(types.SimpleNamespace(device_kind=phases["train-small"]["device"]))
     terms = {name: np.array([work.matmul_flops / chip.peak(dtype), work.bytes / chip.bandwidth, work.operations])
              for name, (work, dtype, _) in programs.items()}
     seconds = {name: s for name, (_, _, s) in programs.items()}
@@ -182,10 +183,6 @@ def calibrate(programs: dict | None = None) -> dict:
             "given_back": {name: {"measured_s": seconds[name], "estimated_s": float(terms[name] @ solution),
                                   "matmul_share": float(terms[name][0] * solution[0] / (terms[name] @ solution))}
                            for name in programs}}
-
-
-def _h200_device():
-    return type("Device", (), {"device_kind": json.loads(GPU_RESULTS.read_text())["phases"]["train-small"]["device"]})
 
 
 def measured_kind(chip, dtype: str) -> bool:

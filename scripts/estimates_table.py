@@ -48,8 +48,8 @@ def table(result: dict) -> str:
 
 
 def chip_table(result: dict) -> str:
-    """README.md's table: a row per setup, its profile, estimated course time and, of it, the
-    first run's compiling."""
+    """README.md's table: a row per setup, its profile, estimated course time, its longest notebook
+    and, of the course, the first run's compiling."""
     lines = [f"| setup | profile | compute dtype | notebooks {span(result)}, first run | longest notebook | of it compiling |",
              "|---|---|---|---:|---:|---:|"]
     for name, row in result["setups"].items():

@@ -1,25 +1,30 @@
 """The course's time on each chip (bench/step_cost.py, bench/accelerator_estimates.py): the method
 counts what it should, gives back what the H200 measured, and the committed estimate keeps every
 free chip's notebooks within 15 minutes each and 60 in all."""
+import importlib
 import json
 import math
 import pathlib
-import sys
 
 import jax
 import jax.numpy as jnp
 import pytest
 
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
-sys.path.insert(0, str(BENCH))
-import step_cost  # noqa: E402  (bench/step_cost.py)
 
 ESTIMATES = BENCH / "results" / "accelerator_estimates.json"
 FREE = ("Colab T4", "Colab TPU v5e-1", "Kaggle 2 x T4", "Kaggle TPU v5e-8")  # what a learner gets for nothing
 NOTEBOOK_MINUTES, COURSE_MINUTES = 15, 60
 
 
-def test_count_takes_matmuls_as_flops_every_operation_as_bytes_and_loops_as_often_as_they_run():
+@pytest.fixture
+def step_cost(monkeypatch):
+    """bench/step_cost.py, importable as the benchmarks import it (bench/ on the path)."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    return importlib.import_module("step_cost")
+
+
+def test_count_takes_matmuls_as_flops_every_operation_as_bytes_and_loops_as_often_as_they_run(step_cost):
     a, b = jax.ShapeDtypeStruct((4, 8), jnp.float32), jax.ShapeDtypeStruct((8, 16), jnp.float32)
     matmul = step_cost.count(step_cost.traced(jnp.matmul, a, b).jaxpr)
     assert (matmul.matmul_flops, matmul.bytes, matmul.operations) == (2 * 4 * 8 * 16, 4 * (32 + 128 + 64), 0)
@@ -38,7 +43,7 @@ def test_count_takes_matmuls_as_flops_every_operation_as_bytes_and_loops_as_ofte
     assert step_cost.Work(10.0, 20.0, 3).split(2) == step_cost.Work(5.0, 10.0, 3)  # every chip launches each op
 
 
-def test_the_method_gives_back_each_step_the_h200_measured_within_10_percent():
+def test_the_method_gives_back_each_step_the_h200_measured_within_10_percent(step_cost):
     """Three rates fitted to five measurements (three train steps, two decodings) give back each
     train step within 10% and each decoding within 15%; and the share of the step it puts in
     matmuls is near what the H200's profile measured (bench/results/gpu-...-profile.json)."""
@@ -54,7 +59,7 @@ def test_the_method_gives_back_each_step_the_h200_measured_within_10_percent():
         assert abs(calibration["given_back"][phase]["matmul_share"] - measured) < 0.1, (phase, measured)
 
 
-def test_a_chip_of_an_unmeasured_kind_gets_a_range_a_measured_one_a_time():
+def test_a_chip_of_an_unmeasured_kind_gets_a_range_a_measured_one_a_time(step_cost):
     from t5nb.profiles import CHIPS
 
     rates = {"matmul_efficiency": 0.5, "bandwidth_efficiency": 2.0, "seconds_per_operation": 1e-6}
