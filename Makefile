@@ -78,6 +78,10 @@ lab: $(VENV)/.lab
 # three workers at the same priority, it took 1,175 s of a CI run of 1,371 s and ended last.
 # Absolute paths: nbval runs each notebook in notebooks/.
 STANDINS := $(CURDIR)/runs/standins
+# the rehearsal stands for the hosted path, so it runs on a hosted runtime's own stack: Colab's
+# (tests/hosted_stacks.py: Python 3.13, requirements/colab.txt, then scripts/hosted_setup.sh);
+# where this machine has no Python 3.13 it says so and runs on the lock's, except under CI
+COLAB_STACK := $(CURDIR)/runs/colab-stack
 REHEARSAL := $(CURDIR)/runs/test-rehearsal
 REHEARSAL_LOG := $(CURDIR)/runs/test-rehearsal.log
 # One pytest worker more than cores: a test spends much of its time in one thread (imports, XLA's
@@ -104,11 +108,14 @@ test: export JAX_DISABLE_MOST_OPTIMIZATIONS ?= 1
 test: export T5NB_TENSORBOARD ?= 0
 test: export T5NB_CHROMIUM := $(CHROMIUM)
 test: $(VENV)/.test
-	rm -rf runs/test-ci $(REHEARSAL) $(REHEARSAL_LOG)* $(STANDINS)
+	rm -rf runs/test-ci $(REHEARSAL) $(REHEARSAL_LOG)* $(STANDINS) $(COLAB_STACK)
 	mkdir -p runs
 	@if [ -f "$(OFFICIAL_VOCABULARY)" ]; then \
-	  ({ $(PY) tests/standins.py $(STANDINS) && T5NB_PROFILE=rehearsal T5NB_STANDINS=$(STANDINS) T5NB_RUNS_DIR=$(REHEARSAL) \
-	   XLA_FLAGS=--xla_force_host_platform_device_count=8 $(PY) -m pytest notebooks --nbval-lax --nbval-current-env \
+	  ({ $(PY) tests/standins.py $(STANDINS) && { stack=$$($(PY) tests/hosted_stacks.py colab $(COLAB_STACK)); built=$$?; \
+	   if [ $$built -eq 3 ] && [ -z "$$CI" ]; then echo "so the rehearsal runs on the lock's packages"; stack=$(PY); \
+	   elif [ $$built -ne 0 ]; then false; else echo "the rehearsal runs on Colab's stack: $$stack"; fi; } && \
+	   T5NB_PROFILE=rehearsal T5NB_STANDINS=$(STANDINS) T5NB_RUNS_DIR=$(REHEARSAL) \
+	   XLA_FLAGS=--xla_force_host_platform_device_count=8 $$stack -m pytest notebooks --nbval-lax --nbval-current-env \
 	   $(CELL_TIMEOUT) --durations=10; } > $(REHEARSAL_LOG) 2>&1; echo $$? > $(REHEARSAL_LOG).status) & \
 	  in_rehearsal_only=--ignore=notebooks/06_knowledge_capacity.ipynb; \
 	else in_rehearsal_only=; echo "rehearsal skipped: no official T5 vocabulary in T5NB_DATA_DIR ($${T5NB_DATA_DIR:-../shared/data})" \

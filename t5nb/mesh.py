@@ -1,7 +1,11 @@
 """Device mesh, T5X's logical axis rules, and shardings for parameters, batches and activations."""
 import contextlib
 import contextvars
+import functools
+import operator
+import re
 
+import flax
 import jax
 import numpy as np
 from flax import nnx
@@ -23,6 +27,24 @@ def standard_rules(activation_dims: int = 1, parameter_dims: int = 1) -> tuple:
 
 
 STANDARD_RULES = standard_rules()
+
+# The metadata field that holds a parameter's logical axis names, the one thing about parameters
+# that differs across the flax versions t5nb runs on: flax 0.12.4 renamed it from `sharding_names`
+# to `out_sharding`, and each version's partitioning (`nnx.get_partition_spec`) reads only its own
+# name (Colab's runtime has 0.11.2, Kaggle's TPU image 0.12.0, requirements/base.lock 0.12.8).
+# t5nb writes and reads the names only through `axes_metadata` and `logical_axes`.
+_FLAX_VERSION = tuple(map(int, re.findall(r"\d+", flax.__version__)[:3]))
+_AXES_FIELD = "out_sharding" if _FLAX_VERSION >= (0, 12, 4) else "sharding_names"
+
+
+def axes_metadata(axes) -> dict:
+    """A parameter's metadata for its logical axis names: `nnx.Param(value, **axes_metadata(axes))`."""
+    return {_AXES_FIELD: tuple(axes)}
+
+
+def logical_axes(variable) -> tuple:
+    """The logical axis names a parameter (`nnx.Variable`) carries; () where it carries none."""
+    return tuple(variable.get_metadata().get(_AXES_FIELD) or ())
 
 _ACTIVE = contextvars.ContextVar("t5nb_activation_sharding", default=None)
 
@@ -88,14 +110,17 @@ def describe_mesh(mesh) -> str:
     return f"Mesh {axes} over {mesh.devices.size} device(s) ({kinds}), {jax.process_count()} process(es)"
 
 
-def describe_sharding(state, mesh, rules=STANDARD_RULES) -> str:
-    """A table: each parameter's shape, logical axes and mesh partitioning."""
-    lines = [f"{'parameter':58s} {'shape':16s} {'logical axes':28s} mesh"]
+def describe_sharding(state, params) -> str:
+    """A table: each parameter's shape, logical axes, and how its array in `params` (a pure dict
+    of placed arrays, as `Trainer.init_params` gives) is split: the mesh axes its sharding names
+    for each dimension and the shape each device holds. It reads the arrays, not the axes."""
+    lines = [f"{'parameter':56s} {'shape':10s} {'logical axes':26s} {'split over':18s} per device"]
     for path, variable in nnx.to_flat_state(state):
-        axes = variable.get_metadata().get("out_sharding") or ()
-        spec = logical_to_spec(axes, rules)
-        shape = "x".join(map(str, variable.shape))
-        lines.append(f"{'/'.join(map(str, path)):58s} {shape:16s} {str(tuple(axes)):28s} {tuple(spec)}")
+        array = functools.reduce(operator.getitem, path, params)
+        shape, shard = ("x".join(map(str, s)) for s in (array.shape, array.sharding.shard_shape(array.shape)))
+        spec = tuple(array.sharding.spec) if isinstance(array.sharding, NamedSharding) else ()
+        lines.append(f"{'/'.join(map(str, path)):56s} {shape:10s} {str(logical_axes(variable)):26s} "
+                     f"{str(spec):18s} {shard}")
     return "\n".join(lines)
 
 

@@ -18,7 +18,7 @@ from flax import nnx
 
 from t5nb import speedups
 from t5nb.config import REMAT_POLICIES, T5Config
-from t5nb.mesh import constrain
+from t5nb.mesh import axes_metadata, constrain, logical_axes
 
 # A bias or logit that takes a position out of a softmax (T5X's attention mask bias): exp of it
 # is 0 in float32 and bfloat16, and sums of a few of them stay finite. Decoding uses it too.
@@ -51,7 +51,7 @@ def _initial(init, key, shape):
 
 def _param(rngs, init, shape, axes):
     """A float32 parameter carrying its logical axis names (sharded later by mesh rules)."""
-    return nnx.Param(_initial(init, rngs.params(), shape), out_sharding=axes, eager_sharding=False)
+    return nnx.Param(_initial(init, rngs.params(), shape), eager_sharding=False, **axes_metadata(axes))
 
 
 class Dropout(nnx.Module):
@@ -359,8 +359,8 @@ def layer_stack(config: T5Config, layers: list):
     graphdef = nnx.split(layers[0])[0]
 
     def stack(*variables):
-        axes = variables[0].get_metadata()["out_sharding"]
-        return variables[0].copy(jnp.stack([v.get_value() for v in variables]), out_sharding=("layers", *axes))
+        stacked = jnp.stack([variable[...] for variable in variables])
+        return variables[0].replace(stacked, **axes_metadata(("layers", *logical_axes(variables[0]))))
 
     states = [nnx.split(layer)[1] for layer in layers]
     return nnx.merge(graphdef, jax.tree.map(stack, *states, is_leaf=lambda x: isinstance(x, nnx.Variable)))

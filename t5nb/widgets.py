@@ -37,9 +37,12 @@ class AskWidget:
 
     def mimebundle(self) -> dict:
         """The widget's view, and as text what it shows (the last question and its answer): a
-        saved notebook without the widgets' state (GitHub, nbviewer) shows the text instead."""
+        saved notebook without the widgets' state (GitHub, nbviewer) shows the text instead.
+        The view is the widget message protocol's own reference to the model (version 2, which
+        ipywidgets 7 and 8 both speak), not ipywidgets' `_repr_mimebundle_`, which 7 lacks."""
         text = "Question: {}\nAnswer: {}".format(*self.last) if self.last else "(a question box; nothing asked yet)"
-        return {**self.view._repr_mimebundle_(), "text/plain": text}
+        view = {"version_major": 2, "version_minor": 0, "model_id": self.view.model_id}
+        return {"application/vnd.jupyter.widget-view+json": view, "text/plain": text}
 
     def _ipython_display_(self):
         from IPython.display import display  # optional: shown only in a notebook

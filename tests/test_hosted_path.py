@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+import hosted_stacks  # tests/hosted_stacks.py
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("sync_notebooks", ROOT / "scripts" / "sync_notebooks.py")
 sync_notebooks = importlib.util.module_from_spec(_spec)
@@ -52,33 +54,38 @@ def _pins(path: pathlib.Path) -> dict:
     return dict(line.strip().split("==") for line in path.open() if "==" in line and line[0] != "#")
 
 
-# a hosted runtime -> the list of what it preinstalls (each file's header: its source and date)
-RUNTIMES = {"colab": "requirements/colab.txt", "kaggle_tpu": "requirements/kaggle_tpu.txt"}
+def stack(runtime: str, venv: pathlib.Path) -> str:
+    """The runtime's preinstalled stack in `venv` (`hosted_stacks.seed`): its python. Where this
+    machine lacks the runtime's Python the test is skipped, saying so, and fails under CI."""
+    try:
+        return hosted_stacks.seed(runtime, venv)
+    except hosted_stacks.MissingPython as missing:
+        if os.environ.get("CI"):
+            pytest.fail(f"{runtime}: {missing}; CI runs t5nb on each hosted runtime's Python")
+        pytest.skip(f"{runtime}: {missing}")
+
+
+# on the runtime's flax and ipywidgets: the parameters split on a 4 x 2 mesh, the ask widget displayed
+ON_EACH_STACK = ["tests/test_mesh.py::test_the_trainer_splits_the_parameters_over_a_4_x_2_mesh",
+                 "tests/test_widgets.py::test_ask_widget_is_saved_with_its_last_answer_as_text"]
 
 
 @pytest.mark.needs_tensorflow  # each runtime's TensorFlow, installed from the package registry
-@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("runtime", hosted_stacks.RUNTIMES)
 def test_hosted_setup_keeps_the_runtime_and_t5nb_runs_on_it(tmp_path, runtime):
-    """A fresh virtualenv of the project's Python (3.11; Colab runs 3.13, Kaggle 3.12) seeded
-    with the runtime's list stands in for it (Colab's CPU runtime; Kaggle's TPU image, whose
-    tensorflow-cpu has no tensorflow-text): after the setup script, the runtime's jax, flax,
-    TensorFlow and the rest are as they were, and t5nb trains, decodes and resumes on them."""
-    venv = tmp_path / runtime
-    subprocess.run([sys._base_executable, "-m", "venv", venv], check=True)
-    python = str(venv / "bin" / "python")
-    # no bytecode compiled at install, here and in the setup script: Python compiles what the
-    # run imports, a small part of the packages, once (a runtime does not set PYTHONDONTWRITEBYTECODE)
-    env = {**os.environ, "PATH": f"{venv / 'bin'}:{os.environ['PATH']}", "T5NB_RUNS_DIR": str(tmp_path / "runs"),
-           "PIP_NO_COMPILE": "1"}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    # the runtime's packages, seeded by uv (15 s where pip took 104: it fetches and unpacks in
-    # parallel, and the second runtime reuses the first's files); the setup script uses pip
-    subprocess.run([sys.executable, "-m", "uv", "pip", "install", "-q", "--python", python, "--no-deps",
-                    "-r", ROOT / RUNTIMES[runtime]], check=True, env=env)
+    """A fresh virtualenv of the runtime's Python seeded with its list stands in for it (Colab's
+    CPU runtime, Python 3.13; Kaggle's TPU image, Python 3.12, whose tensorflow-cpu has no
+    tensorflow-text): after the setup script, the runtime's jax, flax, TensorFlow and the rest are
+    as they were; the parameters split over a mesh and the ask widget displays on its flax and
+    ipywidgets. On Kaggle's, a scanned model on 8 simulated devices (the `rehearsal` profile, its
+    tasks read from the stand-ins) trains, decodes and resumes; on Colab's, `make test`'s rehearsal
+    runs the whole course (tests/hosted_stacks.py builds its stack)."""
+    python = stack(runtime, tmp_path / runtime)
+    env = {**hosted_stacks.environment(tmp_path / runtime), "T5NB_RUNS_DIR": str(tmp_path / "runs")}
     env.pop("T5NB_PROFILE", None)  # `make test` sets ci: here t5nb detects the profile
 
-    def run(*command) -> str:
-        result = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path)
+    def run(*command, cwd=tmp_path, **changes) -> str:
+        result = subprocess.run(command, capture_output=True, text=True, env={**env, **changes}, cwd=cwd)
         assert result.returncode == 0, result.stdout + result.stderr
         return result.stdout
 
@@ -90,7 +97,7 @@ def test_hosted_setup_keeps_the_runtime_and_t5nb_runs_on_it(tmp_path, runtime):
     hosted_jax = run(python, "-c", probe)
     hosted = freeze()
 
-    run("bash", ROOT / "scripts" / "hosted_setup.sh")
+    hosted_stacks.set_up(python)
     assert run(python, "-c", probe) == hosted_jax
     after = freeze()
     kept = {n for n in hosted if n not in ("protobuf", "tensorflow-datasets")}
@@ -107,11 +114,50 @@ def test_hosted_setup_keeps_the_runtime_and_t5nb_runs_on_it(tmp_path, runtime):
     assert not unmet, unmet  # pyproject.toml's lower bounds admit the runtime's versions
     out = run(python, "-c", "import t5nb; print(t5nb.get_profile().name)")
     assert out.split() == ["cpu"]
-    out = run(python, ROOT / "tests" / "smoke_run.py")
-    assert out.split()[-4:-2] == ["4", "8"]
 
-    run("bash", ROOT / "scripts" / "hosted_setup.sh")  # every notebook's setup cell runs it again
+    hosted_stacks.add_test_tools(python)
+    out = run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ON_EACH_STACK, cwd=ROOT)
+    assert f"{len(ON_EACH_STACK)} passed" in out, out
+    if runtime == "kaggle_tpu":
+        standins = tmp_path / "standins"
+        subprocess.run([sys.executable, ROOT / "tests" / "standins.py", standins], check=True, capture_output=True)
+        out = run(python, ROOT / "tests" / "smoke_run.py", "rehearsal", T5NB_STANDINS=str(standins),
+                  XLA_FLAGS="--xla_force_host_platform_device_count=8")
+        assert out.splitlines()[-2] == "scanned layers True devices 8", out
+        assert out.split()[-4:-2] == ["4", "8"], out
+
+    hosted_stacks.set_up(python)  # every notebook's setup cell runs it again
     assert freeze() == after
+
+
+def test_every_lower_bound_is_the_oldest_version_the_tests_run():
+    """pyproject.toml's lower bounds admit nothing untested: each dependency's is its oldest
+    version on the stacks the tests run t5nb on, each hosted runtime's (its own version, else the
+    lock's, which the setup script installs) and the lock's; a package only an extra needs, its lock's."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
+    pins = lambda path: {norm(name): version for name, version in _pins(ROOT / path).items()}  # noqa: E731
+    lock = pins("requirements/base.lock")
+    stacks = [lock, *({**lock, **pins(listed)} for _, listed in hosted_stacks.RUNTIMES.values())]
+    for runtime in stacks:
+        runtime.setdefault("tensorflow", runtime.get("tensorflow-cpu"))  # Kaggle's TPU image: the same module
+    extras = {**pins("requirements/test.lock"), **pins("requirements/lab.lock"), **lock}
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    dependencies = {norm(Requirement(line).name) for line in project["dependencies"]}
+    wrong = []
+    for line in [*project["dependencies"], *(line for group in project["optional-dependencies"].values() for line in group)]:
+        requirement = Requirement(line)
+        bound = next((Version(spec.version) for spec in requirement.specifier if spec.operator in (">=", "==")), None)
+        name = norm(requirement.name)  # jax[cuda12]: jax, a dependency
+        runs = ([Version(stack[name]) for stack in stacks] if name in dependencies
+                else [Version(extras[name].split("+")[0])])
+        if bound != min(runs):
+            wrong.append(f"{line}: the oldest version the tests run is {min(runs)}")
+    assert not wrong, wrong
 
 
 def test_on_kaggle_runs_go_to_its_working_folder(monkeypatch):
