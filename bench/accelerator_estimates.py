@@ -94,8 +94,8 @@ def compile_target() -> jax.sharding.Mesh:
 
 
 def compiled_cost(jitted, *args) -> dict:
-    """FLOPs, bytes accessed, memory (arguments + outputs - donated + temporaries) and compile
-    seconds of `jitted` compiled for `args`."""
+    """Memory (arguments + outputs - donated + temporaries) and compile seconds of `jitted`
+    compiled for `args`."""
     return cost_of(lambda: jitted.lower(*args).compile())
 
 
@@ -104,11 +104,8 @@ def cost_of(compile) -> dict:
     start = time.perf_counter()
     compiled = compile()
     seconds = time.perf_counter() - start
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
     memory = compiled.memory_analysis()
-    return {"flops": cost["flops"], "bytes_accessed": cost["bytes accessed"], "compile_s": round(seconds, 1),
-            "memory": memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
+    return {"compile_s": round(seconds, 1), "memory": memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
             + memory.temp_size_in_bytes}
 
 
@@ -125,9 +122,8 @@ def eval_step(trainer: Trainer, batch: dict) -> dict:
 
 
 def greedy_decoding(config, mesh, batch_size: int, lengths: dict) -> dict:
-    """One batch of `decode.greedy_decode`, `lengths["targets"]` steps (the loop may stop sooner).
-    XLA's cost analysis counts a while loop's body once, so the steps are counted here: the
-    whole program less encoding + cache is one step."""
+    """`compiled_cost` of one batch of `decode.greedy_decode`, `lengths["targets"]` steps: its
+    start (encoding, the cache) and its whole loop, each compiled as decoding compiles them."""
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(config, rngs=nnx.Rngs(0))))
     on_mesh = NamedSharding(mesh, PartitionSpec())
     state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_mesh), state)
@@ -138,8 +134,7 @@ def greedy_decoding(config, mesh, batch_size: int, lengths: dict) -> dict:
         nnx.merge(graphdef, s), t, jax.random.key(0), 0.0, 0, 1.0, batch_size, steps, max_decode_length=steps,
         greedy=True, filtered=False)),
         state, tokens)
-    return {**{name: start[name] + steps * (whole[name] - start[name]) for name in ("flops", "bytes_accessed")},
-            "memory": whole["memory"], "compile_s": start["compile_s"] + whole["compile_s"]}
+    return {"memory": whole["memory"], "compile_s": start["compile_s"] + whole["compile_s"]}
 
 
 def programs_in(dtype, mesh, profile) -> dict:
@@ -198,7 +193,7 @@ def course(profile) -> dict:
                         * profile.eval_batches, f"decode_batch_w{width}": n * batches(facts_qa)}
                        for width, n in runs.items()),
                      *(finetuning([steps] * n, f"_w{width}") for width, n in runs.items()),
-                     *({f"memorise_step_w{width}": memorisation_steps(profile, people),
+                     *({f"memorise_step_w{width}": capacity.memorisation_recipe(profile, people, width).run.steps,
                         f"score_batch_w{width}": math.ceil(people * FACT_RELATIONS / SCORE_BATCH)}
                        for width in profile.capacity_widths for people in profile.capacity_people))
     return {
@@ -218,11 +213,6 @@ def course(profile) -> dict:
             "runs": 2 * sum(runs.values()) + len(profile.capacity_widths) * len(profile.capacity_people),
             "examples": sum(runs.values()) * sum(facts_qa), "counts": knowledge},
     }
-
-
-def memorisation_steps(profile, people: int) -> int:
-    """`capacity.memorisation_recipe`'s steps: every fact seen `capacity_exposures` times."""
-    return math.ceil(profile.capacity_exposures * people * FACT_RELATIONS / capacity.MEMORISATION_BATCH)
 
 
 def course_work(profile, dtype) -> dict:
@@ -320,7 +310,7 @@ def estimate() -> dict:
 
 def setups() -> dict:
     """name -> (chip, how many, the profile detection gives it)."""
-    return {name: (CHIPS[key], count, profile_name_for(CHIPS[key].device())) for name, key, count in SETUPS}
+    return {name: (CHIPS[key], chips, profile_name_for(CHIPS[key].device())) for name, key, chips in SETUPS}
 
 
 def knowledge_compile_seconds(profile, first: dict) -> float:
@@ -345,7 +335,7 @@ def count(result: dict) -> dict:
     ratios = {**result["assumptions"]["compile_ratios"], "gpu": round(gpu_compile_ratio(), 2)}
     calibration = step_cost.calibrate()
     works, results = {}, {}
-    for name, (chip, count, profile_name) in setups().items():
+    for name, (chip, chips, profile_name) in setups().items():
         dtype = jnp.dtype(compute_dtype(chip.device())).name
         profile = get_profile(profile_name)
         if (profile_name, dtype) not in works:
@@ -353,8 +343,8 @@ def count(result: dict) -> dict:
         compiled, notebooks = result["programs"][f"{profile_name} {dtype}"], {}
         cpu_compile_s = {**compile_seconds(profile_name), "06_knowledge_capacity": knowledge_compile_seconds(
             profile, compile_seconds_by_program(profile_name))}
-        # one run of each program on `count` chips, splitting its batch (not its operations)
-        seconds = {program: step_cost.seconds(work.split(count), chip, dtype, calibration)
+        # one run of each program on `chips` chips, splitting its batch (not its operations)
+        seconds = {program: step_cost.seconds(work.split(chips), chip, dtype, calibration)
                    for program, work in works[profile_name, dtype].items()}
         for notebook, plan in course(profile).items():
             counts = plan["counts"]
@@ -370,16 +360,14 @@ def count(result: dict) -> dict:
         total = {key: sum(row[key] for row in notebooks.values())
                  for key in ("minutes", "least_minutes", "compute_minutes", "compile_minutes")}
         memory_gb = max(row["memory_gb"] for row in notebooks.values())
-        results[name] = {"chip": chip.kind, "chips": count, "profile": profile_name, "dtype": dtype,
+        results[name] = {"chip": chip.kind, "chips": chips, "profile": profile_name, "dtype": dtype,
                          "measured_kind": step_cost.measured_kind(chip, dtype), "notebooks": notebooks, **total,
                          "seconds_per_run": {program: list(ends) for program, ends in seconds.items()},
                          "memory_gb": memory_gb, "fits_in_memory": memory_gb * 1e9 <= chip.memory}
     compile_results = json.loads(COMPILE_RESULTS.read_text())
     return {**result, "counted": {"date": datetime.date.today().isoformat(), "commit": commit()},
             "profiles": {name: dataclasses.asdict(get_profile(name)) for name in result["profiles"]},
-            "assumptions": {**{key: value for key, value in result["assumptions"].items()
-                               if key not in ("decode_measured", "efficiency")},
-                            "calibration": calibration, "compile_ratios": ratios,
+            "assumptions": {**result["assumptions"], "calibration": calibration, "compile_ratios": ratios,
                             "compile_results": {"file": COMPILE_RESULTS.name, "commit": compile_results["current"],
                                                 "cpu": compile_results["cpu"], "gpu_file": GPU_COMPILE_RESULTS.name}},
             "setups": results}

@@ -202,7 +202,7 @@ def attention_implementation(query_length: int, key_length: int, head_dim: int, 
     `jax.nn.dot_product_attention` checks, some only in the forward rule of its gradient, which
     JAX traces late under `lax.scan` or `jax.checkpoint`, outside any `try`):
     - an NVIDIA GPU through CUDA (cuDNN ships with JAX's CUDA build; a ROCm GPU has none) of
-      compute capability 8.0 (Ampere) or later;
+      compute capability 8.0 (Ampere) or later; at 10.3 (B300) with cuDNN 9.11 or later;
     - bfloat16 or float16;
     - a head dim that is a multiple of 8, at most 128 (256 from compute capability 9.0);
     - even query and key lengths: with a bias, cuDNN's training kernel takes no other. A trace
@@ -218,7 +218,24 @@ def attention_implementation(query_length: int, key_length: int, head_dim: int, 
     largest_head = 256 if capability >= (9, 0) else 128
     if capability < (8, 0) or head_dim % 8 or head_dim > largest_head or query_length % 2 or key_length % 2:
         return "xla"
+    if capability == (10, 3) and cudnn_version() < 91100:
+        return "xla"
     return "cudnn"
+
+
+def cudnn_version() -> int:
+    """The version of cuDNN that JAX's CUDA build loaded (91100 for 9.11), as JAX's own checks read
+    it; 0 where there is none."""
+    from jax._src.lib import cuda_versions  # only where a CUDA GPU asks: no public API has it
+
+    return cuda_versions.cudnn_get_version() if cuda_versions else 0
+
+
+def mask_bias_in(dtype, bias):
+    """An attention bias in `dtype`, every value finite: `NEG_INF` (-1e10) is -inf in float16, and a
+    query whose keys are all masked (a padding row) would then softmax to NaN; it becomes the
+    dtype's most negative value instead (bfloat16 and float32 hold -1e10 as it is)."""
+    return jnp.maximum(bias, jnp.finfo(dtype).min).astype(dtype)
 
 
 def fused_attention(query, keys, values, bias):
@@ -230,7 +247,7 @@ def fused_attention(query, keys, values, bias):
     heads_second = [x.swapaxes(1, 2) for x in (query, keys, values)]  # its layout: [b, length, h, d]
     bias = jnp.broadcast_to(bias, (*bias.shape[:2], query.shape[2], keys.shape[2]))
     if attention_implementation(query.shape[2], keys.shape[2], query.shape[3], query.dtype) == "cudnn":
-        return jax.nn.dot_product_attention(*heads_second, bias=bias.astype(query.dtype), scale=1.0,
+        return jax.nn.dot_product_attention(*heads_second, bias=mask_bias_in(query.dtype, bias), scale=1.0,
                                             implementation="cudnn")
     return jax.nn.dot_product_attention(*heads_second, bias=bias, scale=1.0, implementation="xla")
 

@@ -163,19 +163,29 @@ def detect_profile_name() -> str:
     return profile_name_for(jax.devices()[0])
 
 
+# AMD's CDNA GPUs, whose matrix cores compute in bfloat16: MI100 (gfx908), MI200 (gfx90a),
+# MI300 (gfx942), MI350 (gfx950)
+AMD_BFLOAT16_ARCHITECTURES = ("gfx908", "gfx90a", "gfx94", "gfx95")
+
+
 def compute_dtype(device=None):
     """The model's compute dtype on `device` (default: JAX's first); parameters stay float32.
 
-    bfloat16 where the chip computes in it natively: a TPU, or an NVIDIA GPU of compute
-    capability 8.0 or more (A100, L4, H100). float32 on a CPU and on older GPUs: a T4 (7.5) has
-    float16 tensor cores but no bfloat16 units, and T5 overflows float16 (largest value 65,504)
-    in its feed-forward activations (huggingface/transformers#5651, #9295); the T5 checkpoints
-    were trained in bfloat16 (google-research/text-to-text-transfer-transformer#539).
+    bfloat16 where the chip computes in it natively: a TPU, an NVIDIA GPU of compute capability
+    8.0 or more (A100, L4, H100), or an AMD GPU of the CDNA line (MI100's gfx908 on: its matrix
+    cores take bfloat16; ROCm names the architecture where CUDA gives a capability). float32 on a
+    CPU and on other GPUs: a T4 (7.5) has float16 tensor cores but no bfloat16 units, and T5
+    overflows float16 (largest value 65,504) in its feed-forward activations
+    (huggingface/transformers#5651, #9295); the T5 checkpoints were trained in bfloat16
+    (google-research/text-to-text-transfer-transformer#539).
     """
     device = device or jax.devices()[0]
     if device.platform == "tpu":
         return jnp.bfloat16
-    if device.platform == "gpu" and float(getattr(device, "compute_capability", 0)) >= 8.0:
+    capability = str(getattr(device, "compute_capability", "") or "")
+    if device.platform == "gpu" and capability.startswith("gfx"):  # ROCm
+        return jnp.bfloat16 if capability.startswith(AMD_BFLOAT16_ARCHITECTURES) else jnp.float32
+    if device.platform == "gpu" and capability and float(capability) >= 8.0:
         return jnp.bfloat16
     return jnp.float32
 

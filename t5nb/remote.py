@@ -76,17 +76,23 @@ def _download(url: str, path: pathlib.Path) -> None:
     partial.replace(path)
 
 
+def _standin(url: str, holds, kind: str) -> pathlib.Path:
+    """`url`'s stand-in where `holds(path)` (a file or a directory: `kind`); else refused, saying
+    how to write the stand-ins."""
+    path = standin_path(url)
+    if not holds(path):
+        raise SourceUnreachable(f"{url}: no stand-in {kind} at {path} ({STANDINS_ENV}={standins_dir()}); "
+                                f"write the stand-ins (python tests/standins.py DIR) or unset {STANDINS_ENV}")
+    return path
+
+
 def fetch(url: str) -> str:
     """A local path holding the file `url` names (see the module docstring)."""
     scheme, rest = _split(url)
     if scheme == "gs":
         raise ValueError(f"{url!r}: gs:// files are read in place through tensorstore (t5nb.checkpoints.t5x)")
     if standins_dir() is not None:
-        path = standin_path(url)
-        if not path.is_file():
-            raise SourceUnreachable(f"{url}: no stand-in at {path} ({STANDINS_ENV}={standins_dir()}); "
-                                    f"write the stand-ins (python tests/standins.py DIR) or unset {STANDINS_ENV}")
-        return str(path)
+        return str(_standin(url, pathlib.Path.is_file, "file"))
     try:
         if scheme == "hf":
             import huggingface_hub  # only a hf:// path fetched for real needs it
@@ -112,10 +118,7 @@ def list_files(repo_url: str) -> list[str]:
     if scheme != "hf":
         raise ValueError(f"{repo_url!r}: not a Hub repository (hf://<org>/<repo>)")
     if standins_dir() is not None:
-        root = standin_path(repo_url)
-        if not root.is_dir():
-            raise SourceUnreachable(f"{repo_url}: no stand-in directory at {root} ({STANDINS_ENV}={standins_dir()}); "
-                                    f"write the stand-ins (python tests/standins.py DIR) or unset {STANDINS_ENV}")
+        root = _standin(repo_url, pathlib.Path.is_dir, "directory")
         return sorted(str(path.relative_to(root)) for path in root.rglob("*") if path.is_file())
     repo_type, repo_id, _ = _hub_parts(rest.rstrip("/") + "/")  # no file: the repository itself
     try:

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 
 from t5nb import host
-from local_server import TOKEN, jupyter_lab  # noqa: I001  (tests/local_server.py)
+from local_server import jupyter_lab  # noqa: I001  (tests/local_server.py)
 
 
 def test_exactly_one_distribution_provides_seqio_and_tfds():
@@ -145,9 +145,9 @@ def test_make_lab_serves_the_course_in_jupyterlab_with_the_widgets_front_end(tmp
     token, on the notebooks folder, with the widgets' front end (the progress bars, the ask
     widget) among its extensions."""
     root = pathlib.Path(__file__).resolve().parents[1]
-    with jupyter_lab(tmp_path, {**os.environ, "HOME": str(tmp_path)}) as url:
-        def get(path, token=TOKEN):
-            with urllib.request.urlopen(f"{url}{path}?token={token}", timeout=10) as response:
+    with jupyter_lab(tmp_path, {**os.environ, "HOME": str(tmp_path)}) as (url, token):
+        def get(path, key=token):
+            with urllib.request.urlopen(f"{url}{path}?token={key}", timeout=10) as response:
                 return response.read().decode()
 
         names = sorted(item["name"] for item in json.loads(get("/api/contents"))["content"])
@@ -156,4 +156,4 @@ def test_make_lab_serves_the_course_in_jupyterlab_with_the_widgets_front_end(tmp
         page = get("/lab")  # its page config lists the front-end extensions it loads
         assert "JupyterLab" in page and '"name": "@jupyter-widgets/jupyterlab-manager"' in page
         with pytest.raises(urllib.error.HTTPError):
-            get("/api/contents", token="wrong")
+            get("/api/contents", key="wrong")

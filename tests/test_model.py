@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 from t5nb import decode
+from t5nb import model as model_lib
 from t5nb.checkpoints import abstract_params, flatten, model_from_params, params_of, unflatten
 from t5nb.config import get_config
 from t5nb.model import Dropout, Transformer, attention_implementation, shift_right
@@ -190,6 +191,27 @@ def test_cudnns_attention_is_chosen_only_where_each_of_its_conditions_holds():
                 (512, 512, 64, jnp.bfloat16, jax.devices("cpu")[0])]
     assert [attention_implementation(*case) for case in excluded] == ["xla"] * len(excluded)
     assert attention_implementation(512, 512, 192, jnp.bfloat16, h100) == "cudnn"
+
+
+def test_cudnns_attention_on_compute_capability_10_3_needs_cudnn_9_11(monkeypatch):
+    """JAX refuses cuDNN's kernel on a B300 (10.3) below cuDNN 9.11: XLA's runs there instead."""
+    b300 = types.SimpleNamespace(platform="gpu", compute_capability="10.3",
+                                 client=types.SimpleNamespace(platform_version="cuda 13.0"))
+    chosen = {}
+    for version in (91000, 91100):
+        monkeypatch.setattr(model_lib, "cudnn_version", lambda version=version: version)
+        chosen[version] = attention_implementation(512, 512, 64, jnp.bfloat16, b300)
+    assert chosen == {91000: "xla", 91100: "cudnn"}
+
+
+def test_the_bias_cudnn_reads_is_finite_in_every_dtype():
+    """A padded query row masks every key: in float16, -1e10 would be -inf there and cuDNN's softmax NaN."""
+    valid = jnp.array([[True, True, False]])  # the third position is padding
+    bias = model_lib.attention_mask_bias(valid, valid)
+    for dtype in (jnp.float16, jnp.bfloat16, jnp.float32):
+        in_dtype = model_lib.mask_bias_in(dtype, bias)
+        assert in_dtype.dtype == dtype and bool(jnp.isfinite(in_dtype).all()), dtype
+        assert float(in_dtype.min()) <= -65504  # still takes a key out of the softmax
 
 
 def test_an_unknown_attention_is_refused_naming_the_choices():

@@ -100,6 +100,17 @@ def test_a_chips_peak_is_its_data_sheets_for_the_format_its_matmuls_run_in():
         assert chip.peak(profiles.compute_dtype(chip.device())) > 0, key
 
 
+def test_a_rocm_gpu_gets_a_profile_by_its_architecture():
+    """ROCm names a GPU's architecture where CUDA gives a compute capability: CDNA's (MI200's
+    gfx90a, MI300's gfx942) compute in bfloat16, a consumer RDNA GPU (gfx1100) in float32."""
+    def rocm(architecture):
+        return types.SimpleNamespace(platform="gpu", device_kind="AMD Instinct", compute_capability=architecture,
+                                     client=types.SimpleNamespace(platform_version="rocm 6.4"))
+
+    assert [profiles.profile_name_for(rocm(arch)) for arch in ("gfx90a", "gfx942", "gfx1100")] == [
+        "accelerator", "accelerator", "fp32-gpu"]
+
+
 def test_fp32_gpu_is_the_accelerator_course_at_smaller_sizes():
     """Same tasks, sources and official checkpoint as the accelerator profile: 02 pretrains on
     C4, 03 transfers to WMT, 04 answers NQ and TriviaQA."""

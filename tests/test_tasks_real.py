@@ -120,7 +120,7 @@ def test_a_preprocessor_of_yours_keeps_autograph():
 def test_missing_standin_names_the_url_and_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setenv(remote.STANDINS_ENV, str(tmp_path))
     with pytest.raises(remote.SourceUnreachable, match=r"hf://datasets/wmt/wmt14/de-en/validation-00000-of-00001.parquet: "
-                                                       r"no stand-in at .*python tests/standins.py"):
+                                                       r"no stand-in file at .*python tests/standins.py"):
         tasks.BatchIterator("wmt14_ende_byte", LENGTHS, 2, split="validation")
 
 

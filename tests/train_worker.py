@@ -1,7 +1,10 @@
 """A training run in its own process, for the multi-device test (8 simulated devices).
 
 Trains the tiny model on a deterministic synthetic copy task, once per mesh in --meshes, and
-writes the final parameters to `<out>.<mesh>.npz`. With --nudge-ulps K, it also trains on one
+writes the final parameters to `<out>.<mesh>.npz` and each step's loss and gradient norm (before
+the optimizer) to `<out>.<mesh>.json`. A mesh written `8x1:summed` runs with a deliberately wrong
+reduction: the data shards' gradients summed instead of averaged (written as `8x1-summed`), to
+show what the test's comparison catches. With --nudge-ulps K, it also trains on one
 device from the same initial parameters each moved by K ulps (a random direction per element,
 one run per --nudge-seeds), writing `<out>.nudged<seed>.npz` and the initial ones to
 `<out>.init.npz`: how far float32 rounding alone moves this run's result.
@@ -28,6 +31,7 @@ from t5nb.checkpoints import flatten  # noqa: E402
 from t5nb.config import get_config  # noqa: E402
 from t5nb.model import shift_right  # noqa: E402
 from t5nb.train import train  # noqa: E402
+from t5nb import trainer as trainer_lib  # noqa: E402
 from t5nb.trainer import TrainConfig, Trainer  # noqa: E402
 
 
@@ -62,12 +66,29 @@ def nudged(params, ulps: int, rng):
     return jax.tree.map(nudge, params)
 
 
-for shape in args.meshes.split(","):
-    data, model = map(int, shape.split("x"))
-    trainer = trainer_on(data, model)
-    result = train(trainer, CopyTask(), args.steps, f"{args.out}.{shape}.run", checkpoint_every=0, progress=False)
-    np.savez(f"{args.out}.{shape}.npz", **flatten(jax.device_get(result.state.params)))
-    print(json.dumps({"mesh": dict(trainer.mesh.shape), "loss": result.history[-1]["loss"]}))
+def summing_over_data_shards(gradients):
+    """`Trainer._gradients` as a mesh that sums each data shard's gradient instead of averaging them."""
+    def summed(self, *args):
+        grads, sums = gradients(self, *args)
+        return jax.tree.map(lambda g: g * self.mesh.shape["data"], grads), sums
+    return summed
+
+
+averaged = Trainer._gradients
+for mesh in args.meshes.split(","):
+    shape, _, wrong = mesh.partition(":")
+    Trainer._gradients = summing_over_data_shards(averaged) if wrong == "summed" else averaged
+    trainer_lib._COMPILED.clear()  # a step compiled for this model and mesh before may not be reused
+    name = "-".join(filter(None, (shape, wrong)))
+    trainer = trainer_on(*map(int, shape.split("x")))
+    result = train(trainer, CopyTask(), args.steps, f"{args.out}.{name}.run", checkpoint_every=0, log_every=1,
+                   progress=False)
+    np.savez(f"{args.out}.{name}.npz", **flatten(jax.device_get(result.state.params)))
+    steps = [{key: entry[key] for key in ("loss", "grad_norm")} for entry in result.history]
+    with open(f"{args.out}.{name}.json", "w") as file:
+        json.dump(steps, file)
+    print(json.dumps({"mesh": name, "steps": steps}))
+Trainer._gradients = averaged
 if args.nudge_ulps:
     trainer = trainer_on(1, 1)
     initial = trainer.init_params()
