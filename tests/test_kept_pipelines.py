@@ -19,13 +19,13 @@ def kept(tmp_path, monkeypatch):
     """Pipelines kept in a folder of the test's own; `built` counts the pipelines built."""
     monkeypatch.setattr(kept_pipelines, "folder", lambda: tmp_path)
     built = []
-    get_dataset = seqio.Task.get_dataset
+    preprocess = seqio.Task.preprocess_precache  # a task's pipeline built, through seqio's or `batching`'s steps
 
     def counted(task, *args, **kwargs):
         built.append(task.name)
-        return get_dataset(task, *args, **kwargs)
+        return preprocess(task, *args, **kwargs)
 
-    monkeypatch.setattr(seqio.Task, "get_dataset", counted)
+    monkeypatch.setattr(seqio.Task, "preprocess_precache", counted)
     return tmp_path, built
 
 

@@ -121,3 +121,20 @@ def test_preview_shows_raw_preprocessed_ids_and_pieces():
     assert shown.raw["inputs"] in shown.preprocessed["inputs"]
     assert len(shown.ids["inputs"]) == len(shown.pieces["inputs"]) and shown.pieces["inputs"][:2] == ["trivia", "question"]
     assert "raw:" in text and "pieces:" in text
+
+
+@pytest.mark.parametrize("task", ["facts_span_corruption", "facts_qa", "world"])
+def test_a_small_task_kept_tokenized_in_memory_yields_seqios_examples_in_its_order(task):
+    """Over three epochs, shuffled: the examples seqio's `Task.get_dataset` yields, in its order,
+    span corruption's noise included, from tokens kept in memory instead of text tokenized again
+    each epoch."""
+    from t5nb.tasks import batching
+
+    task = tasks.get_task(tasks.register_world_task(20) if task == "world" else task)
+    assert batching.keeps_tokens(task, "train")
+    count = 3 * task.source.num_input_examples("train")
+    kept = batching._tokens_kept_in_memory(task, LENGTHS, "train", True, 5, None).take(count)
+    seqios = task.get_dataset(LENGTHS, split="train", shuffle=True, seed=5, num_epochs=None).take(count)
+    pairs = list(zip(kept.as_numpy_iterator(), seqios.as_numpy_iterator(), strict=True))
+    assert len(pairs) == count
+    assert all(a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a) for a, b in pairs)
