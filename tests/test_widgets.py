@@ -2,6 +2,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -95,6 +96,34 @@ def test_tensorboard_serves_the_run_and_stops_with_the_kernel(tmp_path):
     pid, served = result.stdout.split()[-2:]
     assert served == f"a:{tmp_path / 'a'},b:{tmp_path / 'b'}"  # both runs, named by folder
     assert not pathlib.Path(f"/proc/{pid}").exists(), f"TensorBoard (pid {pid}) outlived its kernel"
+
+
+def test_a_rerun_of_the_tensorboard_cell_replaces_the_still_redrawn_after_each_cell(tmp_path, monkeypatch):
+    """After the cell ran twice, IPython's `post_run_cell` holds one still's redraw: the second
+    call's, which draws where that call placed it; a hook of the user's stays."""
+    import IPython
+    import tensorboard.notebook  # the module, where `from tensorboard import notebook` gives a lazy stand-in before
+    from IPython import display
+    from IPython.core.events import EventManager, available_events
+    from tensorboard import manager
+
+    def own(result):
+        pass
+
+    events = EventManager(shell=None, available_events=available_events)
+    events.register("post_run_cell", own)
+    monkeypatch.setattr(IPython, "get_ipython", lambda: types.SimpleNamespace(events=events))
+    monkeypatch.delenv(widgets.OFF, raising=False)  # `make test` sets it
+    monkeypatch.setenv("TENSORBOARD_BINARY", "tensorboard")  # what the call would otherwise set for the kernel
+    monkeypatch.setattr(manager, "start", lambda *_: manager.StartReused(info=types.SimpleNamespace(port=6006)))
+    monkeypatch.setattr(tensorboard.notebook, "display", lambda port, height: None)
+    placed = []
+    monkeypatch.setattr(display, "display", lambda bundle, raw, display_id: placed.append(object()) or placed[-1])
+    for _ in range(2):
+        widgets.tensorboard(tmp_path / "run")
+    stills = [hook for hook in events.callbacks["post_run_cell"] if isinstance(hook, widgets.LoggedScalars)]
+    assert len(placed) == 2 and len(stills) == 1 and stills[0].shown is placed[1]
+    assert own in events.callbacks["post_run_cell"]
 
 
 def test_tensorboard_off_starts_no_server_and_prints_the_command_that_shows_the_runs(tmp_path, monkeypatch, capsys):

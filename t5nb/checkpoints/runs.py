@@ -19,11 +19,14 @@ Each step's folder `checkpoints/<step>/` holds three orbax items:
 
 Orbax writes a step into a temporary folder and renames it when complete, so a process killed
 mid-save leaves the previous steps intact. `restore_latest` falls back to the previous step,
-with a warning naming both, when the newest cannot be read.
+with a warning naming both, when the newest cannot be read. A save that fails ends all its
+writes first (`_ending_its_tasks`), so that its `SaveFailed` is all it says.
 """
+import asyncio
 import contextlib
 import dataclasses
 import fcntl
+import functools
 import json
 import math
 import os
@@ -39,12 +42,46 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from orbax.checkpoint import future
+from orbax.checkpoint._src import asyncio_utils
 
 from t5nb.checkpoints.hf import HF_DIR, hf_weights_file, read_hf_config
 from t5nb.config import T5Config
 
 RUN_DIR = "a training run's directory holds config.json and checkpoints/<step>/"
 UNFINISHED = ".orbax-checkpoint-tmp"  # orbax writes a step under <step><this> and renames it when complete
+
+
+async def _ending_its_tasks(coro):
+    """Awaits `coro`; where it fails, first cancels and awaits the other tasks of its loop, as
+    asyncio.run does. orbax 0.12.8 closes its loop with them running, and asyncio logs each write
+    of a failed save that fails after ('Task exception was never retrieved', with its traceback
+    and a tensorstore spec of several KB) once it is collected."""
+    try:
+        return await coro
+    except BaseException:
+        rest = asyncio.all_tasks() - {asyncio.current_task()}
+        for task in rest:
+            task.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
+        raise
+
+
+def _in_a_loop_of_its_own(run_sync):
+    """orbax's `run_sync`, through `_ending_its_tasks` where the calling thread runs no loop (each
+    thread that writes a save, `future.CommitFuture`): there it runs the coroutine in a new loop,
+    all of whose tasks are the coroutine's. Where a loop runs (a notebook's), unchanged."""
+    @functools.wraps(run_sync)
+    def run(coro):
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return run_sync(_ending_its_tasks(coro))
+        return run_sync(coro)
+
+    return run
+
+
+asyncio_utils.run_sync = _in_a_loop_of_its_own(asyncio_utils.run_sync)  # orbax (0.12.4, 0.12.8) reads it at each call
 
 
 def _process_folder(directory) -> epath.Path:
