@@ -30,8 +30,8 @@ from t5nb.tasks import world
 from t5nb.tasks.offline import PRETRAINING, QA, SPAN_CORRUPTION
 from t5nb.train import run_recipe
 from t5nb.trainer import TrainConfig
-from t5nb.workflow import (evaluated_examples, finetune_and_evaluate, pretrained_checkpoint, pretraining_dir,
-                           pretraining_recipe, record_headline, runs_dir)
+from t5nb.workflow import (evaluated_examples, finetune_and_evaluate, finetune_dir, pretrained_checkpoint,
+                           pretraining_dir, pretraining_recipe, record_headline, runs_dir)
 
 # The models of 06 are T5.1.1-mini's shape (3 + 3 layers, 2 heads, gated-GELU MLP) at another
 # width: mini is width 128.
@@ -101,14 +101,22 @@ def _closed_book_em(profile, init, name: str) -> dict:
     return {"em": metrics["em"], "examples": evaluated_examples(result, QA)}
 
 
+def _pretraining_recipe(profile, task: str, width: int):
+    """`profile.knowledge_steps` of pretraining on `task` at `width`: its recipe, the name of its
+    run and closed-book fine-tuning, and whether it is notebook 02's run."""
+    name = f"{task}_w{width}"
+    recipe = pretraining_recipe(profile, profile.knowledge_steps, task=task, model=width_model(width), name=name)
+    base = pretraining_recipe(profile)
+    return recipe, name, (recipe.model_config(), recipe.data, recipe.run.steps) == (
+        base.model_config(), base.data, base.run.steps)
+
+
 def _pretraining(profile, task: str, width: int):
     """`profile.knowledge_steps` of pretraining on `task` at `width`: its run directory, the name
     of its closed-book fine-tuning and its model's configuration; notebook 02's run where that is
     the same run, else one of 06's own."""
-    name = f"{task}_w{width}"
-    recipe = pretraining_recipe(profile, profile.knowledge_steps, task=task, model=width_model(width), name=name)
-    base = pretraining_recipe(profile)
-    if (recipe.model_config(), recipe.data, recipe.run.steps) == (base.model_config(), base.data, base.run.steps):
+    recipe, name, notebook_02s = _pretraining_recipe(profile, task, width)
+    if notebook_02s:
         return pretrained_checkpoint(profile), "pretrained", recipe.model_config()  # 04's fine-tuning of it too
     _, result = run_recipe(recipe, progress=False)  # a line when done, not a bar in the saved notebook
     print(f"{name}: pretrained for {result.history[-1]['step']:,} steps, final loss {result.history[-1]['loss']:.3f}")
@@ -138,6 +146,25 @@ def size_sweep(profile) -> dict:
     return table
 
 
+def run_dirs(profile) -> list:
+    """The folders of the runs 06 trains itself, for TensorBoard: each pretraining of
+    `pretraining_comparison` and `size_sweep` and its closed-book fine-tuning (not notebook 02's
+    run or 04's fine-tuning of it, which a width may reuse), and the memorisation runs' folder."""
+    pretrainings = dict.fromkeys([*((task, profile.ssm_width) for task in PRETRAINING_OBJECTIVES.values()),
+                                  *((PRETRAINING, width) for width in profile.knowledge_widths)])
+    folders = []
+    for task, width in pretrainings:
+        _, name, notebook_02s = _pretraining_recipe(profile, task, width)
+        if not notebook_02s:
+            folders += [pretraining_dir(profile, name), finetune_dir(profile, QA, name)]
+    return folders + [memorisation_dir(profile)]
+
+
+def memorisation_dir(profile):
+    """The folder of `memorisation_recipe`'s runs, one run per world size and width."""
+    return runs_dir() / profile.name / "capacity"
+
+
 def memorisation_recipe(profile, num_people: int, width: int) -> Recipe:
     """SSM on a world of `num_people` until each fact has been seen `profile.capacity_exposures`
     times (unpacked: one fact per example), at `width`; Adafactor at `MEMORISATION_LEARNING_RATE`."""
@@ -147,7 +174,7 @@ def memorisation_recipe(profile, num_people: int, width: int) -> Recipe:
     return Recipe(model={**width_model(width), "dropout_rate": 0.0},
                   data=Data(task, FACT_LENGTHS["inputs"], FACT_LENGTHS["targets"], batch, pack=False),
                   optimizer=TrainConfig(learning_rate=MEMORISATION_LEARNING_RATE),
-                  run=Run(str(runs_dir() / profile.name / "capacity" / f"{num_people}_people_w{width}"), steps,
+                  run=Run(str(memorisation_dir(profile) / f"{num_people}_people_w{width}"), steps,
                           checkpoint_every=steps, keep_checkpoints=1, log_every=max(1, steps // 10)),
                   source=f"capacity.memorisation_recipe({profile.name!r}, {num_people}, {width})")
 
@@ -184,26 +211,47 @@ PAPERS = {
 }
 
 
+def standard_error(row: dict) -> float:
+    """The standard error (points) of a row's EM (%) over its `examples` questions, as if they
+    were independent (a person's questions are not, and one seed leaves training's noise out:
+    the true noise is larger)."""
+    p = row["em"] / 100
+    return 100 * math.sqrt(p * (1 - p) / row["examples"])
+
+
+def _gain(better: dict, worse: dict) -> tuple[float, float]:
+    """`better`'s EM minus `worse`'s (points), and that difference's standard error."""
+    return better["em"] - worse["em"], math.hypot(standard_error(better), standard_error(worse))
+
+
 def ssm_finding(ssm: dict) -> dict:
-    """`pretraining_comparison`'s result beside Roberts et al.'s, and whether they agree."""
+    """`pretraining_comparison`'s result beside Roberts et al.'s, and whether they agree: SSM's
+    gain counts where it exceeds twice its standard error (one seed each, so that is a floor)."""
     with_ssm, without = ssm["span corruption + SSM"], ssm["span corruption"]
-    gain = with_ssm["em"] - without["em"]
+    gain, error = _gain(with_ssm, without)
     return {"result": "salient span masking", "paper": PAPERS["ssm"],
             "ours": (f"held-out-people EM {with_ssm['em']:.1f}% after span corruption + SSM, "
-                     f"{without['em']:.1f}% after span corruption alone ({gain:+.1f} points; width "
-                     f"{with_ssm['width']}, {with_ssm['steps']:,} steps)"),
-            "agree": "yes" if gain > 0 else "no: SSM did not help at this width and length"}
+                     f"{without['em']:.1f}% after span corruption alone ({gain:+.1f} ± {error:.1f} points, one seed; "
+                     f"a uniform guess gets {world.uniform_guess_accuracy():.1f}%; width {with_ssm['width']}, "
+                     f"{with_ssm['steps']:,} steps)"),
+            "agree": ("yes" if gain > 2 * error else "no: SSM did worse at this width and length"
+                      if gain < -2 * error else "not resolved: the difference is within twice its standard error")}
 
 
 def size_finding(sizes: dict) -> dict:
-    """`size_sweep`'s result beside Roberts et al.'s, and whether they agree."""
+    """`size_sweep`'s result beside Roberts et al.'s, and whether they agree: each step up in
+    size judged as `ssm_finding` judges SSM's gain."""
     rows = sorted(sizes.values(), key=lambda row: row["parameters"])
-    rising = all(later["em"] >= earlier["em"] for earlier, later in zip(rows, rows[1:]))
+    steps = [_gain(larger, smaller) for smaller, larger in zip(rows, rows[1:])]
     return {"result": "model size", "paper": PAPERS["sizes"],
             "ours": "held-out-people EM " + ", ".join(f"{row['em']:.1f}% at {row['parameters']:,} parameters"
-                                                      for row in rows),
-            "agree": ("one size only: nothing to compare" if len(rows) < 2 else "yes" if rising
-                      else "no: EM did not rise with every size step")}
+                                                      for row in rows)
+                    + f" (one seed each; a uniform guess gets {world.uniform_guess_accuracy():.1f}%)",
+            "agree": ("one size only: nothing to compare" if len(rows) < 2
+                      else "yes" if all(gain > 2 * error for gain, error in steps)
+                      else "no: EM fell by more than twice its standard error with a size step"
+                      if any(gain < -2 * error for gain, error in steps)
+                      else "in part: EM rose, but not by twice its standard error at every size step")}
 
 
 def capacity_finding(grid: list) -> dict:

@@ -92,7 +92,7 @@ def run_course(out_dir="runs", names=None, notebooks_dir=NOTEBOOKS, fresh: bool 
     earlier = json.loads(results_file.read_text()) if results_file.exists() else {}
     results = {}
     for path in tqdm(paths, desc="course", unit="notebook"):
-        headline = out_dir / "headlines" / f"{path.stem}.json"  # workflow.record_headline writes it
+        headline = out_dir / "headlines" / f"{path.stem}.json"  # system.record_headline writes it
         headline.unlink(missing_ok=True)
         os.environ["T5NB_NOTEBOOK"] = path.stem  # the kernel's workflow calls record its headline
         results[path.stem] = run_notebook(path, out_dir)

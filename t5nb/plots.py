@@ -2,11 +2,19 @@
 scalars runs logged (TensorBoard's still), 02's
 look inside T5 (position buckets, attention masks), 03's sample-efficiency curve and its comparison of
 fine-tuning methods, 06's knowledge against model size."""
+import itertools
+import math
+import pathlib
+
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Patch
 
 from t5nb.model import relative_position_bucket
 from t5nb.train import DECODED, VALIDATION
+
+# the y-axes of LivePlot's panels: a token accuracy is a fraction, the decoded metrics percentages
+LIVE_AXES = {"loss": "loss per target token", "accuracy": "token accuracy (0 to 1)", "decoded": "task's metric (%)"}
 
 
 class LivePlot:
@@ -62,6 +70,7 @@ class LivePlot:
             if len(lines) > 1 or panel == "decoded" and lines:
                 ax.legend()
             ax.set_xlabel("step")
+            ax.set_ylabel(LIVE_AXES.get(panel, panel))
             ax.set_title(self.decoded_title if panel == "decoded" else panel)
             ax.grid(alpha=0.3)
         self.figure.tight_layout()
@@ -81,25 +90,42 @@ class LivePlot:
             self._handle.update(self.figure)
 
 
-def logged_scalars(runs: dict, metrics=("loss", "accuracy"), most_labelled: int = 12, title: str | None = None):
+def logged_scalars(runs: dict, metrics=("loss", "accuracy"), most_labelled: int = 24, title: str | None = None):
     """The scalars runs logged, as TensorBoard plots them: one panel per metric, one line per
-    events folder. `runs`: {label: [(step, {tag: value})]} (`event_logs.logged_steps`); a
-    legend where at most `most_labelled` lines are drawn, else the count in the title."""
-    figure, axes = plt.subplots(1, len(metrics), figsize=(4.8 * len(metrics), 3.2), squeeze=False)
+    events folder, each folder the same colour and line in every panel. `runs`: {label: [(step, {tag:
+    value})]} (`event_logs.logged_steps`). What a final evaluation logged under `inference_eval`
+    (the task's metric on decoded answers, in %) gets panels of its own, beside the curves'
+    (a token accuracy from 0 to 1), so that neither flattens the other. One legend under the
+    panels, never over the curves, where at most `most_labelled` folders are drawn; else the
+    count in each title."""
+    decoded = {label for label in runs if "inference_eval" in pathlib.PurePath(label).parts}
+    panels = [(metric, False) for metric in metrics] + [
+        (metric, True) for metric in metrics if any(metric in values for label in decoded for _, values in runs[label])]
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]  # past its colours, dashed, then dotted lines
+    styles = dict(zip(runs, ({"color": colour, "linestyle": line} for line in itertools.cycle(("-", "--", ":"))
+                             for colour in palette)))
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.2), squeeze=False, layout="constrained")
     if title:
         figure.suptitle(title)
-    for axis, metric in zip(axes[0], metrics):
-        drawn = 0
+    drawn = {}
+    for axis, (metric, of_decoded) in zip(axes[0], panels):
+        lines = 0
         for label, steps in runs.items():
             points = [(step, values[metric]) for step, values in steps if metric in values]
-            if points:
-                axis.plot(*zip(*points), marker="." if len(points) < 30 else None, label=label)
-                drawn += 1
-        if 0 < drawn <= most_labelled:
-            axis.legend(fontsize="small")
-        axis.set(xlabel="step", title=metric if drawn <= most_labelled else f"{metric} ({drawn} runs)")
+            if points and (label in decoded) == of_decoded:
+                marker = "o" if len(points) == 1 else "." if len(points) < 30 else None
+                drawn[label], = axis.plot(*zip(*points), marker=marker, label=label, **styles[label])
+                lines += 1
+        name = f"{metric} of decoded answers (%)" if of_decoded else metric
+        axis.set(xlabel="step", ylabel=name, title=name if len(runs) <= most_labelled else f"{name} ({lines} runs)")
         axis.grid(alpha=0.3)
-    figure.tight_layout()
+    if 0 < len(drawn) <= most_labelled:
+        labels = [label for label in runs if label in drawn]  # in the runs' order
+        fits = int(figure.get_figwidth() * 13 / (max(map(len, labels)) + 6))  # columns of small text that fit
+        columns = max(1, min(3, len(labels), fits))
+        figure.set_figheight(figure.get_figheight() + 0.2 * math.ceil(len(labels) / columns))  # the panels keep theirs
+        figure.legend([drawn[label] for label in labels], labels, loc="outside lower center", ncol=columns,
+                      fontsize="small")
     plt.close(figure)
     return figure
 
@@ -208,12 +234,14 @@ def relative_position_buckets(config, span: int = 160):
 
 
 def attention_masks(masks: dict):
-    """Boolean masks [query, key] side by side, dark where a query may attend to a key (on a
-    fixed scale: a mask that allows everything is dark all over)."""
-    figure, axes = plt.subplots(1, len(masks), figsize=(4.0 * len(masks), 3.6))
+    """Boolean masks [query, key] side by side, black where a query may attend to a key, white
+    where it may not (on a fixed scale: a mask that allows everything is black all over), with
+    a key to the two under the panels."""
+    figure, axes = plt.subplots(1, len(masks), figsize=(4.0 * len(masks), 4.0), layout="constrained")
     for axis, (name, mask) in zip(np.atleast_1d(axes), masks.items()):
         axis.imshow(np.asarray(mask, dtype=float), cmap="Greys", vmin=0, vmax=1, interpolation="nearest", aspect="auto")
         axis.set(title=name, xlabel="key position", ylabel="query position")
-    figure.tight_layout()
+    figure.legend([Patch(facecolor="black"), Patch(facecolor="white", edgecolor="grey")],
+                  ["may attend (adds 0)", "masked (adds -1e10)"], loc="outside lower center", ncol=2, fontsize="small")
     plt.close(figure)
     return figure

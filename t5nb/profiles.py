@@ -7,6 +7,7 @@ MFU a run reports and bench/accelerator_estimates.py read it; `course_minutes` s
 profile's course takes on this machine.
 """
 import dataclasses
+import functools
 import json
 import os
 import pathlib
@@ -17,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from t5nb.paths import REPO_ROOT
-from t5nb.system import keep_compiled_programs
+from t5nb.system import keep_compiled_programs, record_headline, time_matmul
 
 ESTIMATES = REPO_ROOT / "bench" / "results" / "accelerator_estimates.json"  # computed for each chip, not measured
 MEASURED = REPO_ROOT / "docs" / "course_results.json"  # `make course` under the cpu profile, measured
@@ -203,8 +204,11 @@ def course_minutes(name: str, device=None, count: int | None = None) -> tuple[di
     this machine's), and where they come from; None where nothing was measured or estimated.
 
     The `cpu` profile on a CPU: `make course`'s wall times on 2 cores of the slower machine kind
-    (`MEASURED`). A chip of `CHIPS`: bench/accelerator_estimates.py's estimate (`ESTIMATES`)
-    for the profile detection gives that chip, on the setup with the nearest number of chips.
+    (`MEASURED`), each scaled by how much faster that machine's float32 matmul ran than this
+    one's (`cpu_matmul_flops`) where the record holds its speed (`matmul_gflops`, which
+    `choose_profile` records under `t5nb course`). A chip of `CHIPS`:
+    bench/accelerator_estimates.py's estimate (`ESTIMATES`) for the profile detection gives
+    that chip, on the setup with the nearest number of chips.
     """
     device = device or jax.devices()[0]
     count = count or jax.device_count()
@@ -212,9 +216,16 @@ def course_minutes(name: str, device=None, count: int | None = None) -> tuple[di
         if name != "cpu" or not MEASURED.is_file():
             return None
         measured = json.loads(MEASURED.read_text())
-        return ({notebook: row["wall_s"] / 60 for notebook, row in measured.items()},
-                f"measured by `make course` on {MEASURED_ON} (docs/course_results.json); other CPUs take longer "
-                "or shorter")
+        where = f"measured by `make course` on {MEASURED_ON} (docs/course_results.json)"
+        if not all("matmul_gflops" in row for row in measured.values()):
+            unscaled = (f"{where}, whose matmul speed the record lacks, so not scaled to this CPU: another CPU, "
+                        "or one busy with other work, takes longer or shorter")
+            return {notebook: row["wall_s"] / 60 for notebook, row in measured.items()}, unscaled
+        here = cpu_matmul_flops() / 1e9
+        there = sum(row["matmul_gflops"] for row in measured.values()) / len(measured)
+        scaled = (f"{where}, scaled by this CPU's float32 matmul speed, {here:,.0f} GFLOP/s against {there:,.0f} "
+                  "there: a rough guide, since a step is more than matmuls and other work can take cores away")
+        return {notebook: row["wall_s"] / 60 * row["matmul_gflops"] / here for notebook, row in measured.items()}, scaled
     chip = chip_of(device)
     if chip is None or name != profile_name_for(device) or not ESTIMATES.is_file():
         return None
@@ -225,6 +236,13 @@ def course_minutes(name: str, device=None, count: int | None = None) -> tuple[di
     setup_name, setup = min(setups, key=lambda item: abs(item[1]["chips"] - count))
     return ({notebook: row["minutes"] for notebook, row in setup["notebooks"].items()},
             f"estimated for {setup_name} by bench/accelerator_estimates.py (docs/accelerators.md), not measured")
+
+
+@functools.cache
+def cpu_matmul_flops() -> float:
+    """This process's CPU's float32 matmul speed (FLOP/s) at the `cpu` profile's `matmul_size`,
+    the number 00_setup prints first: timed once per process (best of five, under a second)."""
+    return time_matmul(PROFILES["cpu"].matmul_size, jnp.float32)
 
 
 CHOICES = ["detected", "cpu", "accelerator", "fp32-gpu", "ci"]  # the setup cell's form field
@@ -246,21 +264,23 @@ def choose_profile(name: str = "detected", notebook: str | None = None) -> Profi
           f"  {profile.model} ({profile.vocabulary} vocabulary); 02 pretrains on {profile.pretrain_task} for "
           f"{profile.pretrain_steps:,} steps; 03 fine-tunes on {profile.finetune_task}, 04 on {profile.qa_task}, "
           f"{profile.finetune_steps:,} steps each")
+    if profile.name == "cpu" and jax.devices()[0].platform == "cpu":  # what `course_minutes` scales by
+        record_headline(matmul_gflops=round(cpu_matmul_flops() / 1e9, 1))
     minutes = course_minutes(profile.name)
     if minutes is None:
         print(f"  no time measured or estimated for this profile on {jax.devices()[0].device_kind}")
     else:
         per_notebook, source = minutes
         if notebook in per_notebook:
-            print(f"  this notebook, {notebook}: about {_minutes(per_notebook[notebook])} on "
+            print(f"  this notebook, {notebook}: {_minutes(per_notebook[notebook])} on "
                   f"{jax.devices()[0].device_kind}, its first run")
-        print(f"  the course in about {sum(per_notebook.values()):.0f} min ("
-              + ", ".join(f"{key[:2]}: {_minutes(value)}" for key, value in per_notebook.items())
+        print(f"  the course in {_minutes(sum(per_notebook.values()))} ("
+              + ", ".join(f"{key[:2]}: {_minutes(value, about='')}" for key, value in per_notebook.items())
               + f"), {source}")
     print(f"  compiled programs are kept in {compiled}: the next notebook loads them instead of compiling")
     return profile
 
 
-def _minutes(value: float) -> str:
-    """`value` minutes, said to a learner: whole minutes, or under one."""
-    return f"{value:.0f} min" if value >= 0.5 else "under a minute"
+def _minutes(value: float, about: str = "about ") -> str:
+    """`value` minutes, said to a learner: `about` whole minutes, or under a minute."""
+    return f"{about}{value:.0f} min" if value >= 0.5 else "under a minute"

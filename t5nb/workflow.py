@@ -6,7 +6,6 @@ repeats the run outside the notebook. Every notebook runs alone: `pretrained_che
 returns the pretraining run that `02_pretraining` leaves under `runs/`, running it first if
 it is absent.
 """
-import json
 import os
 import pathlib
 
@@ -16,25 +15,11 @@ import numpy as np
 from t5nb import adapters, evaluate, tasks
 from t5nb.adapters import FINE_TUNING_METHODS
 from t5nb.checkpoints import checkpoint_steps, is_t5x_checkpoint
-from t5nb.files import write_atomically
 from t5nb.profiles import Profile, course_minutes
 from t5nb.recipe import Data, Recipe, Run, make_trainer
-from t5nb.system import runs_dir
+from t5nb.system import record_headline, runs_dir
 from t5nb.train import TrainResult, run_recipe
 from t5nb.trainer import Trainer, TrainConfig, teacher_forced
-
-
-def record_headline(**numbers) -> None:
-    """Course bookkeeping, done by the calls below, not by the notebooks: under `t5nb course`,
-    which names the notebook it runs in `T5NB_NOTEBOOK`, merge `numbers` into that notebook's
-    headline (`t5nb course` puts it into `runs/results.json`); anywhere else, nothing."""
-    notebook = os.environ.get("T5NB_NOTEBOOK")
-    if not notebook:
-        return
-    path = runs_dir() / "headlines" / f"{notebook}.json"
-    recorded = json.loads(path.read_text()) if path.exists() else {}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomically(path, json.dumps({**recorded, **numbers}, indent=2, default=float) + "\n")
 
 
 def feature_lengths(profile: Profile) -> dict:

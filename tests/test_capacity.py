@@ -2,6 +2,7 @@
 worlds made in memory whose facts the probe asks about, in order."""
 import json
 import math
+import pathlib
 
 import pytest
 
@@ -67,3 +68,38 @@ def test_a_tied_model_counts_its_one_embedding():
     embedding = tied.vocab_size * tied.emb_dim
     assert counts["parameters"] - counts["non_embedding"] == embedding
     assert capacity.parameter_counts(untied)["parameters"] == counts["parameters"] + embedding
+
+
+def _em(em: float, examples: int = 2000, **row) -> dict:
+    return {"em": em, "examples": examples, **row}
+
+
+def test_a_gain_counts_only_beyond_twice_its_standard_error_and_chance_is_shown():
+    """SSM's gain and each size step: "yes" beyond twice the difference's standard error,
+    "not resolved" or "in part" within it; the uniform guess stands beside the EMs."""
+    clear = {"span corruption": _em(6.0, width=32, steps=1000), "span corruption + SSM": _em(20.45, width=32, steps=1000)}
+    finding = capacity.ssm_finding(clear)
+    assert finding["agree"] == "yes" and "+14.4 ± 1.0 points" in finding["ours"]
+    assert f"a uniform guess gets {world.uniform_guess_accuracy():.1f}%" in finding["ours"]
+    close = {**clear, "span corruption": _em(19.5, width=32, steps=1000)}
+    assert capacity.ssm_finding(close)["agree"].startswith("not resolved")
+    assert capacity.standard_error(_em(50.0, examples=100)) == pytest.approx(5.0)
+    sizes = {16: _em(6.35, parameters=64016), 32: _em(20.45, parameters=183200), 128: _em(86.25, parameters=2059520)}
+    assert capacity.size_finding(sizes)["agree"] == "yes"
+    sizes[32] = _em(7.0, parameters=183200)
+    assert capacity.size_finding(sizes)["agree"].startswith("in part")
+
+
+def test_the_runs_06_shows_in_tensorboard_are_its_own(monkeypatch, tmp_path):
+    """Its pretrainings and their fine-tunings, not notebook 02's run that its width 128 reuses,
+    and the memorisation runs' folder, where memorisation_recipe puts them."""
+    from t5nb.profiles import PROFILES
+
+    monkeypatch.setenv("T5NB_RUNS_DIR", str(tmp_path))
+    cpu = PROFILES["cpu"]
+    names = [path.name for path in capacity.run_dirs(cpu)]
+    assert names == ["pretraining_facts_span_corruption_w32", "finetune_facts_qa_facts_span_corruption_w32",
+                     "pretraining_facts_pretraining_w32", "finetune_facts_qa_facts_pretraining_w32",
+                     "pretraining_facts_pretraining_w16", "finetune_facts_qa_facts_pretraining_w16", "capacity"]
+    recipe = capacity.memorisation_recipe(cpu, 100, 4)
+    assert pathlib.Path(recipe.run.model_dir).parent == capacity.run_dirs(cpu)[-1]

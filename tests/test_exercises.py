@@ -147,3 +147,42 @@ def test_a_check_says_when_it_checked_the_solution_cells_answer(capsys):
     assert "right, the GB" in capsys.readouterr().out
     with pytest.raises(AssertionError, match=r"00\.2: 0\.5 is not"):
         check("00.2", Solved(0.5))
+
+
+def test_an_answer_a_unit_off_in_the_last_figure_is_refused(capsys):
+    """0.3078 GB is 0.31 to 2 significant figures: 0.30 is one unit off, not right."""
+    with pytest.raises(AssertionError, match=r"00\.2: 0\.3 is not the GB"):
+        check("00.2", 0.30)
+    with pytest.raises(AssertionError, match=r"05\.3: 0\.46 is not"):
+        check("05.3", 0.46)
+    check("00.2", 0.31)
+    assert "right, the GB" in capsys.readouterr().out
+
+
+def test_an_answer_whose_last_figure_only_rounding_moved_is_accepted_and_told_the_value(capsys):
+    """0.4754 is 0.48 to 2 significant figures; 0.47, within a quarter unit of the rounding
+    boundary's reach (as printed values can move it), is accepted, not called right."""
+    check("05.3", 0.47)
+    said = capsys.readouterr().out
+    assert "accepted, the probability" in said and "to 2 significant figures it is 0.48" in said
+    assert "right" not in said
+
+
+@pytest.mark.parametrize("answer", [0.0884, 8.84, np.float64(8.8), 0.088])
+def test_a_share_may_be_a_fraction_or_a_percentage(answer, capsys):
+    per_example = PRINTED["01.2"][1]["per_example"]
+    check("01.2", answer, per_example=per_example)
+    assert "right, the share" in capsys.readouterr().out
+
+
+def test_a_share_refused_says_both_forms_are_taken():
+    with pytest.raises(AssertionError, match=r"01\.2: 7\.7% is not the share .* \(a fraction or a percentage\)"):
+        check("01.2", 7.7, **PRINTED["01.2"][1])
+
+
+def test_a_known_misreading_is_named():
+    """05.1's answer at length 4 (EOS counted again) is refused, saying why."""
+    with pytest.raises(AssertionError, match=r"05\.1: -1\.17.* \(that is the score at length 4: the answer's 3 tokens "
+                                             r"already include its EOS\); try again"):
+        check("05.1", -1.176)
+    check("05.1", -1.26)

@@ -85,3 +85,25 @@ def test_the_held_out_curves_say_how_many_examples_each_point_is_on():
     axis = plots.em_against_parameters(sizes).axes[0]
     assert axis.get_title() == "closed-book QA by model size (300 held-out questions)"
     assert list(axis.lines[0].get_ydata()) == [5.0, 20.0]
+
+
+def test_the_tensorboard_still_puts_decoded_percentages_in_panels_of_their_own_with_one_legend_below():
+    """A final inference_eval's accuracy (%) beside the curves' token accuracy (0 to 1) would
+    flatten them: it gets its own panel; each run keeps its colour; the legend is the figure's."""
+    runs = {"pretrained/train": [(25, {"loss": 2.0, "accuracy": 0.5}), (50, {"loss": 1.0, "accuracy": 0.8})],
+            "pretrained/inference_eval/slots": [(50, {"accuracy": 87.5})],
+            "scratch/train": [(25, {"loss": 2.5, "accuracy": 0.4}), (50, {"loss": 2.0, "accuracy": 0.5})]}
+    figure = plots.logged_scalars(runs)
+    loss, accuracy, decoded = figure.axes
+    assert [axis.get_title() for axis in figure.axes] == ["loss", "accuracy", "accuracy of decoded answers (%)"]
+    assert [line.get_label() for line in accuracy.get_lines()] == ["pretrained/train", "scratch/train"]
+    assert [list(line.get_ydata()) for line in decoded.get_lines()] == [[87.5]]
+    assert all(axis.get_legend() is None for axis in figure.axes) and len(figure.legends) == 1
+    assert loss.get_lines()[1].get_color() == accuracy.get_lines()[1].get_color()
+    assert [text.get_text() for text in figure.legends[0].get_texts()] == list(runs)
+    assert len(plots.logged_scalars({"train": runs["scratch/train"]}).axes) == 2  # nothing decoded: no third panel
+
+
+def test_the_attention_masks_say_which_shade_may_attend():
+    figure = plots.attention_masks({"encoder": np.eye(4, dtype=bool)})
+    assert [text.get_text() for text in figure.legends[0].get_texts()] == ["may attend (adds 0)", "masked (adds -1e10)"]

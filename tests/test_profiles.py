@@ -49,6 +49,34 @@ def test_the_setup_cells_profile_field_sets_the_profile_and_says_what_it_runs_an
     assert set(profiles.CHOICES) - {"detected"} <= set(PROFILES)
 
 
+def test_the_measured_times_are_scaled_by_this_cpus_matmul_speed_where_the_record_has_it(monkeypatch, tmp_path,
+                                                                                          capsys):
+    """A CPU half as fast at matmuls as the one `make course` ran on is told twice its times, and
+    under `t5nb course` its speed is recorded beside them; a record without the speed is shown
+    unscaled, and says so."""
+    record = tmp_path / "course_results.json"
+    record.write_text(json.dumps({"00_setup": {"wall_s": 12.0, "matmul_gflops": 100.0},
+                                  "02_pretraining": {"wall_s": 600.0, "matmul_gflops": 100.0}}))
+    monkeypatch.setattr(profiles, "MEASURED", record)
+    monkeypatch.setattr(profiles, "cpu_matmul_flops", lambda: 50e9)
+    cpu = types.SimpleNamespace(platform="cpu")
+    minutes, source = profiles.course_minutes("cpu", cpu, 1)
+    assert minutes == {"00_setup": pytest.approx(0.4), "02_pretraining": pytest.approx(20.0)}
+    assert "scaled by this CPU's float32 matmul speed, 50 GFLOP/s against 100 there" in source
+    monkeypatch.setenv("T5NB_PROFILE", "cpu")
+    monkeypatch.setenv("T5NB_RUNS_DIR", str(tmp_path))
+    monkeypatch.setenv("T5NB_NOTEBOOK", "00_setup")  # as `t5nb course` runs it: the speed is recorded
+    monkeypatch.setattr(profiles, "keep_compiled_programs", lambda: tmp_path)
+    t5nb.choose_profile("detected", "00_setup")
+    assert json.loads((tmp_path / "headlines" / "00_setup.json").read_text()) == {"matmul_gflops": 50.0}
+    said = capsys.readouterr().out
+    assert "this notebook, 00_setup: under a minute on cpu" in said and "about under" not in said
+    assert "the course in about 20 min (00: under a minute, 02: 20 min)" in said
+    record.write_text(json.dumps({"02_pretraining": {"wall_s": 600.0}}))
+    minutes, source = profiles.course_minutes("cpu", cpu, 1)
+    assert minutes == {"02_pretraining": 10.0} and "not scaled to this CPU" in source
+
+
 def test_on_a_chip_the_setup_cell_prints_the_notebooks_estimated_time(monkeypatch, capsys, tmp_path):
     """A Colab T4 (detected: fp32-gpu) is told the estimate of its notebook and of the course."""
     monkeypatch.delenv("T5NB_PROFILE", raising=False)

@@ -4,7 +4,7 @@
 |---|---|
 | `facts_span_corruption` | span corruption on the corpus; validation = one unseen paragraph per person |
 | `facts_salient_span_masking` | each corpus sentence with its fact's value masked (same splits) |
-| `facts_pretraining` | mixture: span corruption + salient span masking, about half the tokens each |
+| `facts_pretraining` | mixture: span corruption + salient span masking, 1 : 8 by examples (salient span masking's share of the tokens: 40% at the `cpu` profile's lengths, 57% at `ci`'s; notebook 01 counts it) |
 | `facts_qa` | `trivia question: <question>` -> answer; validation = held-out people; EM/F1 |
 | `facts_fact_check` | `fact check: <statement>` -> `true`/`false`; validation = held-out people |
 | `facts_slot_filling` | `slot filling: <name>; <relation>` -> the value (KILT's slot filling); validation = held-out people; accuracy |
@@ -21,8 +21,10 @@ VOCABULARY_SUFFIXES = {"facts": "", "byte": "_byte"}
 SPAN_CORRUPTION = "facts_span_corruption"
 SALIENT_SPAN_MASKING = "facts_salient_span_masking"
 PRETRAINING = "facts_pretraining"
-# Mixing rates by examples: a span-corruption example is a packed ~128-token chunk, a salient
-# span one a ~15-token sentence, so 1 : 8 spends about half the tokens on each.
+# Mixing rates by examples: a span-corruption example fills the inputs length (128 + 32 at the
+# cpu profile's lengths: 155 tokens on average with its targets), a salient span one is a
+# sentence (13 tokens with its target), so 1 : 8 spends 40% of the tokens on salient span
+# masking there (57% at ci's 64 + 16); notebook 01 counts it at the profile's lengths.
 PRETRAINING_RATES = {SPAN_CORRUPTION: 1.0, SALIENT_SPAN_MASKING: 8.0}
 QA = "facts_qa"
 FACT_CHECK = "facts_fact_check"

@@ -130,6 +130,13 @@ RELATIONS = {
 }
 
 
+def uniform_guess_accuracy() -> float:
+    """Accuracy (%) of a uniform guess among the asked relation's values, the five relations
+    asked equally often (as the facts world's slots and questions are: the same number per
+    person each): the chance level of slot filling and closed-book QA on held-out people."""
+    return 100 * sum(1 / len(values) for values, _, _ in RELATIONS.values()) / len(RELATIONS)
+
+
 def salient_spans_pattern() -> str:
     """A regex matching every fact value: the salient spans that salient span masking hides; the
     longest first, the same text in every process (a kept pipeline's key holds it)."""
