@@ -115,6 +115,9 @@ def test_hosted_setup_keeps_the_runtime_and_t5nb_runs_on_it(tmp_path, runtime):
     out = run(python, "-c", "import t5nb; print(t5nb.get_profile().name)")
     assert out.split() == ["cpu"]
 
+    hosted_stacks.set_up(python)  # every notebook's setup cell runs it again
+    assert freeze() == after
+
     hosted_stacks.add_test_tools(python)
     out = run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ON_EACH_STACK, cwd=ROOT)
     assert f"{len(ON_EACH_STACK)} passed" in out, out
@@ -125,9 +128,6 @@ def test_hosted_setup_keeps_the_runtime_and_t5nb_runs_on_it(tmp_path, runtime):
                   XLA_FLAGS="--xla_force_host_platform_device_count=8")
         assert out.splitlines()[-2] == "scanned layers True devices 8", out
         assert out.split()[-4:-2] == ["4", "8"], out
-
-    hosted_stacks.set_up(python)  # every notebook's setup cell runs it again
-    assert freeze() == after
 
 
 def test_every_lower_bound_is_the_oldest_version_the_tests_run():
