@@ -365,7 +365,8 @@ def count(result: dict) -> dict:
                          "seconds_per_run": {program: list(ends) for program, ends in seconds.items()},
                          "memory_gb": memory_gb, "fits_in_memory": memory_gb * 1e9 <= chip.memory}
     compile_results = json.loads(COMPILE_RESULTS.read_text())
-    return {**result, "counted": {"date": datetime.date.today().isoformat(), "commit": commit()},
+    return {**result, "counted": {"date": datetime.date.today().isoformat(), "commit": commit(),
+                                  "made_from": step_cost.made_from()},
             "profiles": {name: dataclasses.asdict(get_profile(name)) for name in result["profiles"]},
             "assumptions": {**result["assumptions"], "calibration": calibration, "compile_ratios": ratios,
                             "compile_results": {"file": COMPILE_RESULTS.name, "commit": compile_results["current"],

@@ -28,6 +28,7 @@ memory-bound) to their sum (not overlapping, as the H200's fit has them), operat
 both.
 """
 import dataclasses
+import hashlib
 import json
 import math
 import pathlib
@@ -47,14 +48,30 @@ from t5nb.profiles import chip_of, get_profile
 from t5nb.trainer import Trainer, TrainConfig
 from programs import abstract_batch  # bench/programs.py
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+BENCH = pathlib.Path(__file__).resolve().parent
+RESULTS = BENCH / "results"
 GPU_RESULTS = RESULTS / "gpu-20261126-093508-gpu.json"  # bench/gpu.py on an H200
+# what bench/accelerator_estimates.py's estimate is counted from: the programs it traces (t5nb's
+# code and profiles), the method, and the measurements it reads; `made_from` digests them, the
+# estimate records the digest, and tests/test_estimates.py holds the committed one to today's files
+ESTIMATE_INPUTS = (*sorted((BENCH.parent / "t5nb").rglob("*.py")), BENCH.parent / "t5nb" / "profiles.toml",
+                   *(BENCH / name for name in ("step_cost.py", "accelerator_estimates.py", "programs.py")),
+                   RESULTS / "compile.json", RESULTS / "compile-h200.json", GPU_RESULTS)
 # what JAX's jaxpr holds that XLA does not run as work of its own: shape changes and broadcasts
 # (fused into their users), control flow and calls (their bodies are counted), random keys
 NOT_WORK = {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "iota", "pjit", "jit", "closed_call", "remat",
             "checkpoint", "custom_jvp_call", "custom_vjp_call", "custom_vjp_call_jaxpr", "scan", "while", "cond",
             "sharding_constraint", "mesh_cast", "stop_gradient", "random_wrap", "random_unwrap", "random_seed",
             "random_bits", "threefry2x32"}
+
+
+def made_from() -> str:
+    """SHA-256 of `ESTIMATE_INPUTS`, each file's path (from the repository root) and bytes."""
+    digest = hashlib.sha256()
+    for path in ESTIMATE_INPUTS:
+        digest.update(f"{path.relative_to(BENCH.parent)}\n".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
 
 
 @dataclasses.dataclass

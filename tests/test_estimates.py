@@ -13,7 +13,7 @@ import pytest
 BENCH = pathlib.Path(__file__).resolve().parents[1] / "bench"
 
 ESTIMATES = BENCH / "results" / "accelerator_estimates.json"
-FREE = ("Colab T4", "Colab TPU v5e-1", "Kaggle 2 x T4", "Kaggle TPU v5e-8")  # what a learner gets for nothing
+FREE = ("Colab T4", "Colab TPU v5e-1", "Kaggle 2 x T4", "Kaggle TPU v5e-8", "Kaggle P100")  # what a learner gets for nothing
 NOTEBOOK_MINUTES, COURSE_MINUTES = 15, 60
 
 
@@ -70,6 +70,16 @@ def test_a_chip_of_an_unmeasured_kind_gets_a_range_a_measured_one_a_time(step_co
     assert step_cost.seconds(work, CHIPS["a100"], "bfloat16", rates)[0] == step_cost.seconds(
         work, CHIPS["a100"], "bfloat16", rates)[1]
     assert not step_cost.measured_kind(CHIPS["v5e"], "bfloat16") and step_cost.measured_kind(CHIPS["h100"], "float32")
+
+
+def test_the_committed_estimate_was_counted_from_todays_code_and_measurements(step_cost):
+    """The JSON records the digest of what it was counted from (`step_cost.ESTIMATE_INPUTS`):
+    t5nb's code and profiles, the method, the measurements. A change to any of them is a new
+    estimate to count (36 s on 2 cores), not a stale one kept."""
+    counted = json.loads(ESTIMATES.read_text())["counted"]
+    assert counted.get("made_from") == step_cost.made_from(), (
+        "bench/results/accelerator_estimates.json was counted from other files than today's: run "
+        "`.venv/bin/python bench/accelerator_estimates.py --recount` and commit what it writes")
 
 
 @pytest.mark.parametrize("setup", FREE)
