@@ -59,14 +59,13 @@ from t5nb.tasks.offline import PRETRAINING  # noqa: E402
 from t5nb.trainer import Trainer, TrainConfig  # noqa: E402
 from programs import abstract_batch, course_trainers  # noqa: E402  (bench/programs.py)
 
-RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+RESULTS = step_cost.RESULTS
 # Compiling: bench/compile.py's seconds per notebook on this CPU (the course in order, compiled
 # programs kept), times how much slower a chip's host compiles them, measured: for a TPU, XLA's
 # TPU compiler against XLA:CPU on the same programs in this run (with libtpu; else 1, unmeasured);
 # for a GPU, the accelerator course's seconds with `bench/compile.py --accelerator` on an H200
 # (its host's 16 cores) over this CPU's, the same programs (a T4's host has 2 vCPUs: unmeasured).
-COMPILE_RESULTS = RESULTS / "compile.json"
-GPU_COMPILE_RESULTS = RESULTS / "compile-h200.json"
+COMPILE_RESULTS, GPU_COMPILE_RESULTS = step_cost.COMPILE_RESULTS, step_cost.GPU_COMPILE_RESULTS
 EVAL_BATCH = 64  # workflow.finetune_and_evaluate and 05_evaluation decode in batches of 64
 SCORE_BATCH = 512  # capacity.fact_losses scores the facts of a world in batches of 512
 FACTS_QA_VALIDATION = 2000  # data/facts_qa_validation.jsonl: the held-out people's questions 06 decodes
@@ -105,8 +104,8 @@ def cost_of(compile) -> dict:
     compiled = compile()
     seconds = time.perf_counter() - start
     memory = compiled.memory_analysis()
-    return {"compile_s": round(seconds, 1), "memory": memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
-            + memory.temp_size_in_bytes}
+    return {"compile_s": round(seconds, 1), "memory": memory.argument_size_in_bytes + memory.output_size_in_bytes
+            - memory.alias_size_in_bytes + memory.temp_size_in_bytes}
 
 
 def train_step(trainer: Trainer, batch: dict) -> dict:

@@ -51,12 +51,14 @@ from programs import abstract_batch  # bench/programs.py
 BENCH = pathlib.Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
 GPU_RESULTS = RESULTS / "gpu-20261126-093508-gpu.json"  # bench/gpu.py on an H200
+# bench/compile.py's compile seconds: on this CPU, and on an H200's host (bench/accelerator_estimates.py)
+COMPILE_RESULTS, GPU_COMPILE_RESULTS = RESULTS / "compile.json", RESULTS / "compile-h200.json"
 # what bench/accelerator_estimates.py's estimate is counted from: the programs it traces (t5nb's
 # code and profiles), the method, and the measurements it reads; `made_from` digests them, the
 # estimate records the digest, and tests/test_estimates.py holds the committed one to today's files
 ESTIMATE_INPUTS = (*sorted((BENCH.parent / "t5nb").rglob("*.py")), BENCH.parent / "t5nb" / "profiles.toml",
                    *(BENCH / name for name in ("step_cost.py", "accelerator_estimates.py", "programs.py")),
-                   RESULTS / "compile.json", RESULTS / "compile-h200.json", GPU_RESULTS)
+                   COMPILE_RESULTS, GPU_COMPILE_RESULTS, GPU_RESULTS)
 # what JAX's jaxpr holds that XLA does not run as work of its own: shape changes and broadcasts
 # (fused into their users), control flow and calls (their bodies are counted), random keys
 NOT_WORK = {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "iota", "pjit", "jit", "closed_call", "remat",

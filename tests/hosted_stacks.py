@@ -9,6 +9,7 @@ Exit status 3, with the reason, where this machine lacks the runtime's Python.
 import glob
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -67,10 +68,20 @@ def set_up(python: str) -> str:
     return result.stdout
 
 
+def normalised(name: str) -> str:
+    """A distribution's name as pip compares names (`tensorflow_cpu` is `tensorflow-cpu`)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pins(path: pathlib.Path) -> dict:
+    """{normalised name: version} of a requirements file's `name==version` lines."""
+    return {normalised(name): version for name, version in (
+        line.strip().split("==") for line in path.open() if "==" in line and line[0] != "#")}
+
+
 def add_test_tools(python: str) -> None:
     """pytest and nbval at test.lock's versions, beside the runtime's packages (none of which they change)."""
-    lock = dict(line.strip().split("==") for line in open(ROOT / "requirements" / "test.lock")
-                if "==" in line and line[0] != "#")
+    lock = pins(ROOT / "requirements" / "test.lock")
     _uv_install(python, pathlib.Path(python).parents[1], *(f"{name}=={lock[name]}" for name in TEST_TOOLS))
 
 

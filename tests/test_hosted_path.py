@@ -49,11 +49,6 @@ def test_no_file_names_another_repository_for_the_project():
     assert not wrong, f"pyproject.toml names {REPO} ({BRANCH}); these name another:\n" + "\n".join(wrong)
 
 
-def _pins(path: pathlib.Path) -> dict:
-    """{name: version} of a requirements file's `name==version` lines."""
-    return dict(line.strip().split("==") for line in path.open() if "==" in line and line[0] != "#")
-
-
 def stack(runtime: str, venv: pathlib.Path) -> str:
     """The runtime's preinstalled stack in `venv` (`hosted_stacks.seed`): its python. Where this
     machine lacks the runtime's Python the test is skipped, saying so, and fails under CI."""
@@ -91,7 +86,7 @@ def test_hosted_setup_keeps_the_runtime_and_t5nb_runs_on_it(tmp_path, runtime):
 
     def freeze() -> dict:
         pins = (line.split("==") for line in run(python, "-m", "pip", "freeze").splitlines() if "==" in line)
-        return {re.sub(r"[-_.]+", "-", name).lower(): version for name, version in pins}  # tensorflow_cpu
+        return {hosted_stacks.normalised(name): version for name, version in pins}  # tensorflow_cpu
 
     probe = "import jax, jaxlib; print(jax.__version__, jaxlib.__version__, jax.default_backend())"
     hosted_jax = run(python, "-c", probe)
@@ -102,7 +97,7 @@ def test_hosted_setup_keeps_the_runtime_and_t5nb_runs_on_it(tmp_path, runtime):
     after = freeze()
     kept = {n for n in hosted if n not in ("protobuf", "tensorflow-datasets")}
     assert {n: after.get(n) for n in kept} == {n: hosted[n] for n in kept}  # jax, flax, numpy, tensorflow, ...
-    lock = _pins(ROOT / "requirements" / "base.lock")
+    lock = hosted_stacks.pins(ROOT / "requirements" / "base.lock")
     assert "tensorflow-datasets" not in after and after["tfds-nightly"] == lock["tfds-nightly"]
     tensorflow = hosted.get("tensorflow") or hosted["tensorflow-cpu"]
     assert after["tensorflow-text"].split(".")[:2] == tensorflow.split(".")[:2]  # built against that TensorFlow
@@ -139,13 +134,12 @@ def test_every_lower_bound_is_the_oldest_version_the_tests_run():
     from packaging.requirements import Requirement
     from packaging.version import Version
 
-    norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()  # noqa: E731
-    pins = lambda path: {norm(name): version for name, version in _pins(ROOT / path).items()}  # noqa: E731
-    lock = pins("requirements/base.lock")
-    stacks = [lock, *({**lock, **pins(listed)} for _, listed in hosted_stacks.RUNTIMES.values())]
+    norm, pins = hosted_stacks.normalised, hosted_stacks.pins
+    lock = pins(ROOT / "requirements" / "base.lock")
+    stacks = [lock, *({**lock, **pins(ROOT / listed)} for _, listed in hosted_stacks.RUNTIMES.values())]
     for runtime in stacks:
         runtime.setdefault("tensorflow", runtime.get("tensorflow-cpu"))  # Kaggle's TPU image: the same module
-    extras = {**pins("requirements/test.lock"), **pins("requirements/lab.lock"), **lock}
+    extras = {**pins(ROOT / "requirements" / "test.lock"), **pins(ROOT / "requirements" / "lab.lock"), **lock}
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     dependencies = {norm(Requirement(line).name) for line in project["dependencies"]}
     wrong = []
