@@ -138,3 +138,27 @@ def test_a_small_task_kept_tokenized_in_memory_yields_seqios_examples_in_its_ord
     pairs = list(zip(kept.as_numpy_iterator(), seqios.as_numpy_iterator(), strict=True))
     assert len(pairs) == count
     assert all(a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a) for a, b in pairs)
+
+
+@pytest.mark.parametrize("task, shuffle, num_epochs", [("facts_qa", True, None), ("world", True, 3),
+                                                       ("world", False, 1)])
+def test_an_unpacked_task_kept_in_memory_is_served_from_arrays_as_seqios_batches_in_its_order(task, shuffle,
+                                                                                              num_epochs):
+    """Examples the same every epoch (no span corruption after the cache) are converted once and
+    gathered by shuffled index: over three epochs, the batches of seqio's own `Task.get_dataset`
+    through the feature converter, in its order; a task with noise after the cache is not."""
+    from t5nb.tasks import batching
+
+    task = tasks.get_task(tasks.register_world_task(20) if task == "world" else task)
+    assert batching._fixed_after_cache(task) and not batching._fixed_after_cache(tasks.get_task("facts_span_corruption"))
+    batch_size = 8
+    count = 3 * task.source.num_input_examples("train") // batch_size if num_epochs != 1 else None
+    served = batching.get_dataset(task, LENGTHS, batch_size, pack=False, shuffle=shuffle, seed=4, num_epochs=num_epochs)
+    seqios = batching._converted(task.get_dataset(LENGTHS, split="train", shuffle=shuffle, seed=4, num_epochs=num_epochs,
+                                                  try_in_mem_cache=False), LENGTHS, pack=False)
+    seqios = seqios.batch(batch_size, drop_remainder=True)
+    if count:
+        served, seqios = served.take(count), seqios.take(count)
+    pairs = list(zip(served.as_numpy_iterator(), seqios.as_numpy_iterator(), strict=True))
+    assert len(pairs) == (count or task.source.num_input_examples("train") // batch_size)
+    assert all(a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a) for a, b in pairs)
