@@ -193,7 +193,7 @@ def em_against_parameters(sizes: dict):
 
 def bits_against_parameters(rows: list, bits_per_parameter: float = 2.0):
     """`capacity.capacity_grid`'s rows: the bits each model holds against its parameters, one line
-    per world size (its bits dotted), and the line of `bits_per_parameter` (Allen-Zhu and Li's 2).
+    per world size (the most it can hold dotted: its bits beyond its values' frequencies), and the line of `bits_per_parameter` (Allen-Zhu and Li's 2).
     The bits axis starts at 0 (no model holds fewer) and is logarithmic from 1 bit up."""
     figure, axis = plt.subplots(figsize=(5.6, 3.8))
     parameters = sorted({row["parameters"] for row in rows})
@@ -201,16 +201,16 @@ def bits_against_parameters(rows: list, bits_per_parameter: float = 2.0):
         own = sorted((row for row in rows if row["people"] == people), key=lambda row: row["parameters"])
         line, = axis.plot([row["parameters"] for row in own], [row["stored_bits"] for row in own], marker="o",
                           label=f"{people:,} people")
-        axis.axhline(own[0]["world_bits"], color=line.get_color(), linestyle=":", linewidth=1)
+        axis.axhline(own[0]["beyond_frequencies"], color=line.get_color(), linestyle=":", linewidth=1)
     axis.plot(parameters, [bits_per_parameter * n for n in parameters], color="black", linestyle="--",
               label=f"{bits_per_parameter:g} bits per parameter")
     exposures = sorted({round(row["exposures"]) for row in rows if "exposures" in row})
     after = f" after {', '.join(map(str, exposures))} exposures per fact" if exposures else ""
     axis.set_xscale("log")
     axis.set_yscale("symlog", linthresh=1.0)  # 0 bits (nothing held) stays on the axis, 1 bit and up by decade
-    axis.set_ylim(0, 2 * max(max(row["world_bits"] for row in rows), bits_per_parameter * parameters[-1]))
+    axis.set_ylim(0, 2 * max(max(row["beyond_frequencies"] for row in rows), bits_per_parameter * parameters[-1]))
     axis.set(xlabel="parameters", ylabel="bits stored",
-             title=f"knowledge held by {len(rows)} models{after}\n(dotted: all the world holds)")
+             title=f"knowledge held by {len(rows)} models{after}\n(dotted: all a world holds beyond its values' frequencies)")
     axis.legend(fontsize="small")
     figure.tight_layout()
     plt.close(figure)

@@ -21,21 +21,39 @@ def test_a_world_holds_log2_of_each_relations_values_per_person():
     assert capacity.world_bits(400) == pytest.approx(400 * per_person)
 
 
-def test_a_certain_model_holds_the_whole_world_and_one_that_predicts_the_prior_holds_nothing():
-    certain = capacity.stored_bits(_losses(50, lambda relation: 0.0))
-    assert sum(certain.values()) == pytest.approx(capacity.world_bits(50))
-    prior = capacity.stored_bits(_losses(50, capacity.value_bits))
+def test_a_certain_model_holds_all_but_the_frequencies_and_one_that_predicts_them_holds_nothing():
+    people = world.make_people(50)
+    frequencies = capacity.frequency_bits(people)
+    beyond = 50 * sum(frequencies.values())
+    assert 0 < beyond < capacity.world_bits(50)
+    certain = capacity.stored_bits(_losses(50, lambda relation: 0.0), frequencies)
+    assert sum(certain.values()) == pytest.approx(beyond)
+    prior = capacity.stored_bits(_losses(50, frequencies.get), frequencies)
     assert sum(prior.values()) == pytest.approx(0.0, abs=1e-9)
-    worse = capacity.stored_bits(_losses(50, lambda relation: 2 * capacity.value_bits(relation)))
-    assert sum(worse.values()) == 0.0  # worse than the prior counts nothing, not less than nothing
-    half = capacity.stored_bits(_losses(50, lambda relation: capacity.value_bits(relation) / 2))
-    assert sum(half.values()) == pytest.approx(capacity.world_bits(50) / 2)
+    worse = capacity.stored_bits(_losses(50, lambda relation: 2 * frequencies[relation]), frequencies)
+    assert sum(worse.values()) == 0.0  # worse than the frequencies counts nothing, not less than nothing
+    half = capacity.stored_bits(_losses(50, lambda relation: frequencies[relation] / 2), frequencies)
+    assert sum(half.values()) == pytest.approx(beyond / 2)
+
+
+def test_a_model_that_learnt_only_how_often_each_value_occurs_is_credited_with_nothing():
+    """Each person's loss is -log of their value's share among the people: the frequencies, not
+    who has which value. Against log2 |V| instead, a world of 100 people would credit it 119 bits."""
+    people = world.make_people(100)
+    losses = {}
+    for relation in world.RELATIONS:
+        values = [person.facts[relation] for person in people]
+        losses[relation] = [-math.log(values.count(value) / len(values)) for value in values]
+    assert sum(capacity.stored_bits(losses, capacity.frequency_bits(people)).values()) == pytest.approx(0.0, abs=1e-9)
+    uniform = {relation: capacity.value_bits(relation) for relation in world.RELATIONS}
+    assert sum(capacity.stored_bits(losses, uniform).values()) == pytest.approx(119.3, abs=0.05)
+    assert capacity.frequency_bits(people)["birth_year"] < capacity.value_bits("birth_year")
 
 
 def test_the_bound_uses_each_relations_mean_loss():
-    """Allen-Zhu and Li's N (log2 |V| - mean loss): one person known, one at the prior -> half."""
+    """Allen-Zhu and Li's N (H - mean loss): one person known, one at the frequencies -> half."""
     losses = {"birth_year": [0.0, math.log(60)]}
-    assert capacity.stored_bits(losses)["birth_year"] == pytest.approx(2 * math.log2(60) / 2)
+    assert capacity.stored_bits(losses, {"birth_year": math.log2(60)})["birth_year"] == pytest.approx(math.log2(60))
 
 
 def test_a_world_in_memory_is_made_for_any_number_of_people_and_the_probe_asks_each_fact_in_order():

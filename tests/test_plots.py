@@ -3,6 +3,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 from t5nb import plots  # noqa: E402
 from t5nb.plots import LivePlot  # noqa: E402
@@ -67,10 +68,13 @@ def test_token_length_histograms_fit_the_lengths_and_count_the_examples():
 
 def test_bits_plot_starts_at_zero_bits_and_names_its_models_and_exposures():
     rows = [{"people": people, "parameters": parameters, "stored_bits": bits, "world_bits": 23.36 * people,
-             "exposures": 40.0} for people, parameters, bits in ((100, 10_000, 0.0), (100, 40_000, 900.0),
-                                                                   (300, 10_000, 50.0), (300, 40_000, 3_000.0))]
+             "beyond_frequencies": 22.2 * people, "exposures": 40.0}
+            for people, parameters, bits in ((100, 10_000, 0.0), (100, 40_000, 900.0), (300, 10_000, 50.0),
+                                             (300, 40_000, 3_000.0))]
     axis = plots.bits_against_parameters(rows).axes[0]
     assert axis.get_ylim()[0] == 0 and axis.get_ylim()[1] < 1e6
+    dotted = [line.get_ydata()[0] for line in axis.lines if line.get_linestyle() == ":"]
+    assert dotted == pytest.approx([2220.0, 6660.0])  # the most each world's models can be credited with
     assert axis.get_title().startswith("knowledge held by 4 models after 40 exposures per fact")
 
 
