@@ -140,19 +140,38 @@ def test_a_small_task_kept_tokenized_in_memory_yields_seqios_examples_in_its_ord
     assert all(a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a) for a, b in pairs)
 
 
-@pytest.mark.parametrize("task, shuffle, num_epochs", [("facts_qa", True, None), ("world", True, 3),
-                                                       ("world", False, 1)])
+def test_a_mixture_of_tasks_kept_in_memory_yields_seqios_examples_in_its_order():
+    """facts_pretraining, its span corruption and salient span masking each kept tokenized: over
+    three epochs of the larger task, the examples of seqio's own `Mixture.get_dataset`, in its
+    order, the noise of span corruption included."""
+    from t5nb.tasks import batching
+
+    mixture = tasks.get_task("facts_pretraining")
+    assert all(batching.keeps_tokens(task, "train") for task in mixture.tasks)
+    count = 3 * max(task.source.num_input_examples("train") for task in mixture.tasks)
+    kept = batching._mixture_of_tokens_kept(mixture, LENGTHS, "train", True, 6, None).take(count)
+    seqios = mixture.get_dataset(LENGTHS, split="train", shuffle=True, seed=6, num_epochs=None).take(count)
+    pairs = list(zip(kept.as_numpy_iterator(), seqios.as_numpy_iterator(), strict=True))
+    assert len(pairs) == count
+    assert all(a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a) for a, b in pairs)
+
+
+@pytest.mark.parametrize("task, shuffle, num_epochs", [("facts_qa", True, None), ("world20", True, 3),
+                                                       ("world20", False, 1), ("world400", True, 2)])
 def test_an_unpacked_task_kept_in_memory_is_served_from_arrays_as_seqios_batches_in_its_order(task, shuffle,
                                                                                               num_epochs):
     """Examples the same every epoch (no span corruption after the cache) are converted once and
-    gathered by shuffled index: over three epochs, the batches of seqio's own `Task.get_dataset`
-    through the feature converter, in its order; a task with noise after the cache is not."""
+    gathered by shuffled index: over two or three epochs, the batches of seqio's own
+    `Task.get_dataset` through the feature converter, in its order; a task with noise after the
+    cache is not. A world of 400 people (12,000 sentences) is more than seqio keeps in memory: it
+    reads it again each epoch."""
     from t5nb.tasks import batching
 
-    task = tasks.get_task(tasks.register_world_task(20) if task == "world" else task)
+    task = tasks.get_task(tasks.register_world_task(int(task[5:])) if task.startswith("world") else task)
+    assert batching.keeps_tokens(task, "train")
     assert batching._fixed_after_cache(task) and not batching._fixed_after_cache(tasks.get_task("facts_span_corruption"))
     batch_size = 8
-    count = 3 * task.source.num_input_examples("train") // batch_size if num_epochs != 1 else None
+    count = (num_epochs or 3) * task.source.num_input_examples("train") // batch_size if num_epochs != 1 else None
     served = batching.get_dataset(task, LENGTHS, batch_size, pack=False, shuffle=shuffle, seed=4, num_epochs=num_epochs)
     seqios = batching._converted(task.get_dataset(LENGTHS, split="train", shuffle=shuffle, seed=4, num_epochs=num_epochs,
                                                   try_in_mem_cache=False), LENGTHS, pack=False)

@@ -15,6 +15,7 @@ import dataclasses
 import inspect
 import itertools
 import json
+import math
 import pathlib
 import warnings
 
@@ -56,6 +57,8 @@ def get_dataset(task, feature_lengths: dict, batch_size: int, *, split: str = "t
     else:
         if kept_tokens:
             dataset = _tokens_kept_in_memory(task, feature_lengths, split, shuffle, seed, num_epochs)
+        elif try_in_mem_cache and isinstance(task, seqio.Mixture):
+            dataset = _mixture_of_tokens_kept(task, feature_lengths, split, shuffle, seed, num_epochs)
         else:
             dataset = task.get_dataset(feature_lengths, split=split, shuffle=shuffle, seed=seed,
                                        num_epochs=num_epochs, try_in_mem_cache=try_in_mem_cache)
@@ -69,9 +72,14 @@ def keeps_tokens(task, split: str) -> bool:
     """Whether `get_dataset` keeps `task`'s `split` in memory preprocessed (`_tokens_kept_in_memory`):
     a task (not a mixture) whose preprocessing up to its `seqio.CacheDatasetPlaceholder` is
     deterministic (tokenizing, salient span masking: seqio could cache it offline) and whose
-    split is small enough for seqio to keep in memory."""
+    split is small enough for seqio to keep in memory, or is in memory already and small enough
+    to keep in a pipeline's graph (an `in_memory_source` of up to `kept_pipelines.MAX_EXAMPLES_BYTES`
+    of JSON: 06's worlds of 1,000 and 4,000 people, 30,000 and 120,000 sentences)."""
     examples = isinstance(task, seqio.Task) and task.supports_caching and task.source.num_input_examples(split)
-    return bool(examples) and examples < seqio.dataset_providers._MAX_EXAMPLES_TO_MEM_CACHE
+    if not examples:
+        return False
+    in_memory = getattr(task.source, "examples_bytes", math.inf) <= kept_pipelines.MAX_EXAMPLES_BYTES
+    return examples < seqio.dataset_providers._MAX_EXAMPLES_TO_MEM_CACHE or in_memory
 
 
 def _converted(dataset: tf.data.Dataset, feature_lengths: dict, pack: bool) -> tf.data.Dataset:
@@ -108,6 +116,27 @@ def _tokens_kept_in_memory(task, feature_lengths: dict, split: str, shuffle: boo
     if shuffle:
         dataset = dataset.shuffle(task._shuffle_buffer_size, seed=seed)
     return dataset.prefetch(tf.data.experimental.AUTOTUNE)
+
+
+def _mixture_of_tokens_kept(mixture, feature_lengths: dict, split: str, shuffle: bool, seed: int,
+                            num_epochs: int | None) -> tf.data.Dataset:
+    """`mixture.get_dataset(...)`: its tasks sampled at their rates as seqio samples them, each
+    task's examples from `_tokens_kept_in_memory` where it `keeps_tokens` (06's and 02's facts
+    pretraining: the corpus tokenized and its salient spans masked once, not every epoch). The
+    steps are seqio's (`Mixture.get_dataset` and `get_task_dataset`, seqio 0.0.18), without its
+    logging of the mixing proportions."""
+    tasks = [task for task in mixture.tasks if split in task.splits]
+    keys = set(mixture.output_features)
+    datasets = []
+    for task in tasks:
+        if keeps_tokens(task, split):
+            dataset = _tokens_kept_in_memory(task, feature_lengths, split, shuffle, seed, num_epochs)
+        else:
+            dataset = task.get_dataset(feature_lengths, split=split, shuffle=shuffle, seed=seed, num_epochs=num_epochs)
+        datasets.append(dataset.map(lambda example: {k: v for k, v in example.items() if k in keys},
+                                    num_parallel_calls=tf.data.experimental.AUTOTUNE))
+    sample_seed = seed if seed is not None else None if shuffle else 42
+    return mixture._sample_fn(datasets, mixture._get_all_mixing_rates(tasks), sample_seed)
 
 
 # What may follow a cache placeholder for `_batches_of_kept_examples`: preprocessing that gives an
