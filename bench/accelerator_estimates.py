@@ -7,12 +7,13 @@ Each setup (a chip of `profiles.CHIPS`, and how many: Colab's v5e-1 and T4, Kagg
 2 x T4, ...) gets the profile and dtype that detection gives it (`profiles.profile_name_for`,
 `profiles.compute_dtype`). `course` says how often each notebook runs each program under that
 profile; `course_work` traces each program (nothing compiled) and counts its matmul FLOPs, bytes
-and operations; bench/step_cost.py turns those into seconds on the chip at the rates fitted to
-the H200's measured steps: one time where the chip's kind was measured, else a range (compute
-and memory overlapping, then not), whose upper end the tables show. Several chips split each
-batch (data parallel, as t5nb's mesh does): the matmul and memory work is one chip's over their
-count, the operations are not, and the memory shown is one chip running the whole batch, an
-upper bound. Compiling adds bench/compile.py's seconds per notebook on a 2-core CPU, times how
+and operations; bench/step_cost.py turns those into seconds on the chip at rates measured on
+an H200: a range (the operations' launches overlapping the memory traffic, then not), whose
+upper end the tables show. A train step takes at least its input pipeline's batch on a 2-core
+host (bench/pipeline.py's measurements). Several chips split each batch (data parallel, as
+t5nb's mesh does): each runs its rows with every weight and the whole optimizer update, and the
+upper end adds summing the gradients over their link (`all_reduce_seconds`); the memory shown is
+one chip running the whole batch, an upper bound. Compiling adds bench/compile.py's seconds per notebook on a 2-core CPU, times how
 much longer the chip's host compiles them (measured: an H200's host; XLA's TPU compiler).
 
 Memory comes from compiling the course's programs with abstract inputs (nothing allocated): with
@@ -214,43 +215,52 @@ def course(profile) -> dict:
     }
 
 
-def course_work(profile, dtype) -> dict:
-    """{program: `step_cost.Work`} of every program `course` counts, traced at the profile's
-    shapes in `dtype` (nothing compiled): the course's trainers (bench/programs.py), 06's
-    models on the facts world at each width (the recipes `capacity` runs), 00's matmul."""
+def course_work(profile, dtype, chips: int = 1) -> tuple[dict, dict]:
+    """{program: `step_cost.Work`} of every program `course` counts, traced in `dtype` at the
+    profile's shapes, each batch split over `chips` (data parallel: one chip's rows, every weight
+    and the whole optimizer update; nothing compiled): the course's trainers (bench/programs.py),
+    06's models on the facts world at each width (the recipes `capacity` runs), 00's matmul. And
+    {train step: the bytes of its gradients}, which several chips sum every step."""
     mesh = mesh_lib.make_mesh(devices=jax.devices("cpu")[:1])
-    trainers, work = course_trainers(profile, dtype, mesh), {}
+
+    def rows(batch_size: int) -> int:
+        if batch_size % chips:
+            raise ValueError(f"a batch of {batch_size} does not split over {chips} chips")
+        return batch_size // chips
+
+    trainers, work, gradients = course_trainers(profile, dtype, mesh), {}, {}
+
+    def train(name: str, trainer: Trainer, batch_size: int, lengths: dict, packed: bool, evaluated: str = ""):
+        batch = abstract_batch(trainer, rows(batch_size), lengths, packed)
+        work[name] = step_cost.train_step_work(trainer, batch)
+        gradients[name] = sum(leaf.size * 4 for leaf in jax.tree.leaves(trainer.abstract_state().params))  # float32
+        if evaluated:
+            work[evaluated] = step_cost.train_step_work(trainer, batch, step=False)
+
     pretraining, pretrain_lengths, _ = trainers["pretrain_step"]
     finetuning, finetune_lengths, _ = trainers["finetune_step"]
-    pretrain_batch = abstract_batch(pretraining, profile.batch_size, pretrain_lengths, True)
-    finetune_batch = abstract_batch(finetuning, profile.batch_size, finetune_lengths, False)
-    work["pretrain_step"] = step_cost.train_step_work(pretraining, pretrain_batch)
-    work["pretrain_eval_step"] = step_cost.train_step_work(pretraining, pretrain_batch, step=False)
-    work["finetune_step"] = step_cost.train_step_work(finetuning, finetune_batch)
-    work["eval_step"] = step_cost.train_step_work(finetuning, finetune_batch, step=False)
-    work["decode_batch"] = step_cost.decoding_work(finetuning.model_config, EVAL_BATCH, finetune_lengths)
+    train("pretrain_step", pretraining, profile.batch_size, pretrain_lengths, True, "pretrain_eval_step")
+    train("finetune_step", finetuning, profile.batch_size, finetune_lengths, False, "eval_step")
+    work["decode_batch"] = step_cost.decoding_work(finetuning.model_config, rows(EVAL_BATCH), finetune_lengths)
     for name in ("float32", "bfloat16"):
         work[f"matmul_{name}"] = step_cost.matmul_work(profile.matmul_size, jnp.dtype(name))
     for width in sorted({*profile.knowledge_widths, profile.ssm_width}):
         recipe = workflow.pretraining_recipe(profile, profile.knowledge_steps, task=PRETRAINING,
                                              model=capacity.width_model(width))
         trainer = Trainer(recipe.model_config().replace(dtype=dtype), recipe.optimizer, mesh)
-        batch = abstract_batch(trainer, profile.batch_size, pretrain_lengths, True)
-        work[f"knowledge_pretrain_step_w{width}"] = step_cost.train_step_work(trainer, batch)
-        work[f"knowledge_pretrain_eval_step_w{width}"] = step_cost.train_step_work(trainer, batch, step=False)
+        train(f"knowledge_pretrain_step_w{width}", trainer, profile.batch_size, pretrain_lengths, True,
+              f"knowledge_pretrain_eval_step_w{width}")
         tuner = Trainer(trainer.model_config, TrainConfig(learning_rate=1e-3), mesh)
-        batch = abstract_batch(tuner, profile.batch_size, finetune_lengths, False)
-        work[f"finetune_step_w{width}"] = step_cost.train_step_work(tuner, batch)
-        work[f"eval_step_w{width}"] = step_cost.train_step_work(tuner, batch, step=False)
-        work[f"decode_batch_w{width}"] = step_cost.decoding_work(tuner.model_config, EVAL_BATCH, finetune_lengths)
+        train(f"finetune_step_w{width}", tuner, profile.batch_size, finetune_lengths, False, f"eval_step_w{width}")
+        work[f"decode_batch_w{width}"] = step_cost.decoding_work(tuner.model_config, rows(EVAL_BATCH),
+                                                                 finetune_lengths)
     for width in profile.capacity_widths:
         recipe = capacity.memorisation_recipe(profile, profile.capacity_people[0], width)
         trainer = Trainer(recipe.model_config().replace(dtype=dtype), recipe.optimizer, mesh)
-        work[f"memorise_step_w{width}"] = step_cost.train_step_work(
-            trainer, abstract_batch(trainer, recipe.data.batch_size, capacity.FACT_LENGTHS, False))
+        train(f"memorise_step_w{width}", trainer, recipe.data.batch_size, capacity.FACT_LENGTHS, False)
         work[f"score_batch_w{width}"] = step_cost.train_step_work(
-            trainer, abstract_batch(trainer, SCORE_BATCH, capacity.FACT_LENGTHS, False), step=False)
-    return work
+            trainer, abstract_batch(trainer, rows(SCORE_BATCH), capacity.FACT_LENGTHS, False), step=False)
+    return work, gradients
 
 
 def compile_ratios(mesh, programs: dict) -> dict:
@@ -269,9 +279,10 @@ def compile_ratios(mesh, programs: dict) -> dict:
 
 
 def gpu_compile_ratio() -> float:
-    """The accelerator course's compile seconds on an H200 over those on this CPU (first runs)."""
-    return sum(compile_seconds("accelerator", GPU_COMPILE_RESULTS).values()) / sum(
-        compile_seconds("accelerator").values())
+    """The accelerator course's compile seconds on an H200 over those on this CPU (first runs),
+    the notebooks measured on both (the H200's host, without TensorFlow, compiled 02-05)."""
+    gpu, cpu = compile_seconds("accelerator", GPU_COMPILE_RESULTS), compile_seconds("accelerator")
+    return sum(gpu.values()) / sum(cpu[notebook] for notebook in gpu)
 
 
 def compile_seconds(profile_name: str, path: pathlib.Path = COMPILE_RESULTS) -> dict:
@@ -279,6 +290,18 @@ def compile_seconds(profile_name: str, path: pathlib.Path = COMPILE_RESULTS) -> 
     course run in order."""
     return {notebook: sum(programs.values())
             for notebook, programs in compile_seconds_by_program(profile_name, path).items()}
+
+
+def fresh_runtime_compile_seconds(profile_name: str) -> dict:
+    """Per notebook, its compile seconds in a runtime of its own, as Colab and Kaggle open each
+    notebook (Colab keeps compiled programs only where runs/ is on Drive): each of its programs at
+    the seconds of the program's first compile in the course, where bench/compile.py's run in
+    order loaded it from the cache an earlier notebook wrote (04's train step: 1.5 s loaded, 5.7
+    compiled in 03)."""
+    first, fresh = {}, {}
+    for notebook, programs in compile_seconds_by_program(profile_name).items():
+        fresh[notebook] = sum(first.setdefault(name, seconds) for name, seconds in programs.items())
+    return fresh
 
 
 def compile_seconds_by_program(profile_name: str, path: pathlib.Path = COMPILE_RESULTS) -> dict:
@@ -312,52 +335,83 @@ def setups() -> dict:
     return {name: (CHIPS[key], chips, profile_name_for(CHIPS[key].device())) for name, key, chips in SETUPS}
 
 
-def knowledge_compile_seconds(profile, first: dict) -> float:
-    """06's compile seconds on this CPU, not measured: at each width the programs of 02's
-    pretraining and of 03's fine-tuning (`first`: their measured seconds, by notebook and program),
-    and at each grid width a pretraining's (its memorising and scoring); span corruption with and
-    without SSM share theirs."""
-    pretraining = sum(first["02_pretraining"].get(name, 0.0) for name in
-                      ("init", "optimizer init", "train step", "checkpoint layout", "eval step"))
-    finetuning = sum(seconds for name, seconds in first["03_finetuning"].items()
-                     if name in ("optimizer init", "train step", "checkpoint layout", "eval step")
-                     or name.startswith("greedy 64") and "(" not in name)
-    widths = {*profile.knowledge_widths, profile.ssm_width}
-    return len(widths) * (pretraining + finetuning) + len(profile.capacity_widths) * pretraining
+# Each chip's link to the others, bytes/s each way (data sheets): a T4's PCIe Gen3 x16 (32 GB/s
+# both ways), a TPU v5e's inter-chip interconnect (1,600 Gbps)
+INTERCONNECT = {"Tesla T4": 16e9, "TPU v5 lite": 200e9}
+
+
+def all_reduce_seconds(size: float, chip, chips: int) -> float:
+    """Summing `size` bytes of gradients over `chips` chips in a ring: each sends and receives
+    2 (n - 1) / n of them over its link, at the data sheet's bandwidth (a lower bound)."""
+    return 0.0 if chips == 1 else 2 * (chips - 1) / chips * size / INTERCONNECT[chip.kind]
+
+
+def pipeline_of(notebook: str, program: str) -> str | None:
+    """The input pipeline (bench/pipeline.py's name) that feeds `program`, a train step of
+    `notebook`: 03 fine-tunes on the profile's fine-tuning task, 04 and 05 on its QA task, 06 on
+    the facts world; None for what runs on batches made once (validation, decoding, scoring)."""
+    for prefix, pipeline in (("pretrain_step", "pretrain"), ("knowledge_pretrain_step", "knowledge_pretrain"),
+                             ("finetune_step_w", "facts_qa"), ("memorise_step", "memorise")):
+        if program.startswith(prefix):
+            return pipeline
+    if program == "finetune_step":
+        return "finetune" if notebook == "03_finetuning" else "qa"
+    return None
+
+
+def host_seconds(profile_name: str) -> dict:
+    """{pipeline: seconds a batch} on 2 cores, bench/pipeline.py's `PIPELINE_RESULTS`."""
+    measured = json.loads(step_cost.PIPELINE_RESULTS.read_text())["measured"][profile_name]
+    return {pipeline: row["s_per_batch"] for pipeline, row in measured.items()}
 
 
 def count(result: dict) -> dict:
     """`result` with each setup's minutes per notebook, the least and the most (`step_cost.seconds`):
-    its programs' work (`course_work`) at the rates calibrated on the H200, and compiling:
-    `COMPILE_RESULTS`' seconds (06's from its programs, `knowledge_compile_seconds`) times the
-    chip's ratio."""
+    its programs' work (`course_work`) at the rates measured on the H200, each train step at
+    least as long as its input pipeline's batch on a 2-core host (`host_seconds`: the host feeds
+    the chips while they run, so a step takes the longer of the two), and compiling:
+    `COMPILE_RESULTS`' seconds in a fresh runtime per notebook (`fresh_runtime_compile_seconds`)
+    times the chip's ratio; and each
+    notebook's setup cell (`SETUP_RESULTS`: its first run, then again after the restart)."""
     ratios = {**result["assumptions"]["compile_ratios"], "gpu": round(gpu_compile_ratio(), 2)}
     calibration = step_cost.calibrate()
     works, results = {}, {}
     for name, (chip, chips, profile_name) in setups().items():
         dtype = jnp.dtype(compute_dtype(chip.device())).name
         profile = get_profile(profile_name)
-        if (profile_name, dtype) not in works:
-            works[profile_name, dtype] = course_work(profile, jnp.dtype(dtype))
+        if (profile_name, dtype, chips) not in works:
+            works[profile_name, dtype, chips] = course_work(profile, jnp.dtype(dtype), chips)
+        work, gradients = works[profile_name, dtype, chips]
         compiled, notebooks = result["programs"][f"{profile_name} {dtype}"], {}
-        cpu_compile_s = {**compile_seconds(profile_name), "06_knowledge_capacity": knowledge_compile_seconds(
-            profile, compile_seconds_by_program(profile_name))}
-        # one run of each program on `chips` chips, splitting its batch (not its operations)
-        seconds = {program: step_cost.seconds(work.split(chips), chip, dtype, calibration)
-                   for program, work in works[profile_name, dtype].items()}
+        cpu_compile_s = fresh_runtime_compile_seconds(profile_name)
+        # one run of each program on each of `chips` chips; a train step's gradients summed over
+        # them, where it is not overlapped with the backward pass (the upper end)
+        seconds = {program: step_cost.seconds(one, chip, dtype, calibration) for program, one in work.items()}
+        for program, size in gradients.items():
+            least, most = seconds[program]
+            seconds[program] = least, most + all_reduce_seconds(size, chip, chips)
+        host = host_seconds(profile_name)
+        setup_cell = json.loads(step_cost.SETUP_RESULTS.read_text())
         for notebook, plan in course(profile).items():
             counts = plan["counts"]
-            least, most = (sum(n * seconds[program][end] for program, n in counts.items()) for end in (0, 1))
+            fed = {program: host.get(pipeline_of(notebook, program), 0.0) for program in counts}
+            least, most = (sum(n * max(seconds[program][end], fed[program]) for program, n in counts.items())
+                           for end in (0, 1))
             compiling = cpu_compile_s.get(notebook, 0.0) * ratios[chip.platform]
+            # the setup cell once, and again after the restart a protobuf upgrade asks for
+            first, setup = setup_cell["first_run_s"], setup_cell["first_run_s"] + setup_cell["second_run_s"]
             memory = [compiled[program]["memory"] for program in counts if program in compiled]
             notebooks[notebook] = {
                 "training_runs": plan["runs"], "decoded_examples": plan["examples"],
                 "train_steps": sum(n for program, n in counts.items() if "_step" in program and "eval" not in program),
-                "minutes": (most + compiling) / 60, "least_minutes": (least + compiling) / 60,
-                "compute_minutes": most / 60, "compile_minutes": compiling / 60,
+                "minutes": (most + compiling + setup) / 60, "least_minutes": (least + compiling + first) / 60,
+                "compute_minutes": most / 60, "compile_minutes": compiling / 60, "setup_minutes": setup / 60,
+                "chip_minutes": sum(n * seconds[program][1] for program, n in counts.items()) / 60,
+                "host_minutes": sum(n * fed[program] for program, n in counts.items()) / 60,
                 "memory_gb": max(memory, default=0) / 1e9}
         total = {key: sum(row[key] for row in notebooks.values())
-                 for key in ("minutes", "least_minutes", "compute_minutes", "compile_minutes")}
+                 for key in ("minutes", "least_minutes", "compute_minutes", "compile_minutes", "setup_minutes",
+                             "chip_minutes", "host_minutes")}
         memory_gb = max(row["memory_gb"] for row in notebooks.values())
         results[name] = {"chip": chip.kind, "chips": chips, "profile": profile_name, "dtype": dtype,
                          "measured_kind": step_cost.measured_kind(chip, dtype), "notebooks": notebooks, **total,
@@ -369,7 +423,12 @@ def count(result: dict) -> dict:
             "profiles": {name: dataclasses.asdict(get_profile(name)) for name in result["profiles"]},
             "assumptions": {**result["assumptions"], "calibration": calibration, "compile_ratios": ratios,
                             "compile_results": {"file": COMPILE_RESULTS.name, "commit": compile_results["current"],
-                                                "cpu": compile_results["cpu"], "gpu_file": GPU_COMPILE_RESULTS.name}},
+                                                "cpu": compile_results["cpu"], "gpu_file": GPU_COMPILE_RESULTS.name},
+                            "setup_cell": {"file": step_cost.SETUP_RESULTS.name,
+                                           **json.loads(step_cost.SETUP_RESULTS.read_text())},
+                            "host": {"file": step_cost.PIPELINE_RESULTS.name,
+                                     **{key: value for key, value in json.loads(
+                                         step_cost.PIPELINE_RESULTS.read_text()).items() if key != "measured"}}},
             "setups": results}
 
 
@@ -410,11 +469,11 @@ def main():
         result = estimate()
     print(estimates_table().table(result))
     calibration = result["assumptions"]["calibration"]
-    print(f"\ncompiled for {result['compiled_for']} in {result['bench_seconds']} s; calibrated on an "
+    print(f"\ncompiled for {result['compiled_for']} in {result['bench_seconds']} s; rates measured on an "
           f"{calibration['measured_on']}: matmuls at {calibration['matmul_efficiency']:.1%} of the peak, the counted "
           f"bytes at {calibration['bandwidth_efficiency']:.2f} x the bandwidth, "
-          f"{calibration['seconds_per_operation'] * 1e6:.2f} us per other operation; given back: "
-          + ", ".join(f"{name} {row['estimated_s'] / row['measured_s']:.2f}"
+          f"{calibration['seconds_per_operation'] * 1e6:.2f} us per other operation; measured against the range: "
+          + ", ".join(f"{name} {1e3 * row['measured_s']:.1f} ms in {1e3 * row['least_s']:.1f}-{1e3 * row['most_s']:.1f}"
                       for name, row in calibration["given_back"].items())
           + f"; compiling {result['assumptions']['compile_ratios']} times this CPU's {COMPILE_RESULTS.name}")
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,8 @@ its load from the persistent cache; never its run. Where the library keeps compi
 cache folder, in course order, then all run again with the warm cache, as a rerun would. Commits given run the same
 programs with their own t5nb (a git worktree of each on PYTHONPATH; from 414b92f on, whose t5nb
 has what bench/programs.py builds the trainers from). Not counted: the hand-built
-train step of notebook 02's lesson, and 06, whose compile seconds the estimates take from 02's and 03's
-programs (bench/accelerator_estimates.py, `knowledge_compile_seconds`).
+train step of notebook 02's lesson. 06's programs are its models' on the facts world (each width's
+pretraining, closed-book fine-tuning and decoding; each grid width's memorising and scoring).
 
 Prints a table per profile; writes bench/results/compile.json (or --out) after each notebook, whose seconds (the last code
 measured, its first run) bench/accelerator_estimates.py counts in each chip's course time.
@@ -37,7 +37,10 @@ import time
 BENCH = pathlib.Path(__file__).resolve().parent
 REPO = BENCH.parent
 PROFILES = {"accelerator": "bfloat16", "fp32-gpu": "float32"}
-NOTEBOOKS = ("02_pretraining", "03_finetuning", "04_closed_book_qa", "05_evaluation")
+NOTEBOOKS = ("02_pretraining", "03_finetuning", "04_closed_book_qa", "05_evaluation", "06_knowledge_capacity")
+# 06's models are built from the facts world's tasks, which need TensorFlow: --accelerator on a GPU
+# machine without it measures 02-05
+NEEDS_TASKS = ("06_knowledge_capacity",)
 # what JAX reports of building a program: tracing it and lowering it to XLA (every process), its
 # compile (XLA's, or the compiled program loaded from the persistent cache), and of that the load
 EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace", "/jax/core/compile/jaxpr_to_mlir_module_duration": "trace",
@@ -79,16 +82,16 @@ def notebook_programs(profile_name: str, notebook: str) -> dict:
     def tokens(rows, length):
         return np.random.default_rng(0).integers(3, 100, (rows, length)).astype(np.int32)
 
-    def train(trainer, lengths, packed, params=None, label=""):
+    def train(trainer, lengths, packed, params=None, label="", batch_size=profile.batch_size):
         """A run's programs: its start (a fresh init, or a checkpoint's parameters given to the
         trainer's layout), optimizer init, train step, a checkpoint of its state, eval step."""
         params = program(f"init{label}", trainer.init_params) if params is None else params
         state = program(f"optimizer init{label}", lambda: trainer.init_state(params))
         program(f"train step{label}",
                 lambda: trainer.compile_train_step(trainer.abstract_state(),
-                                                   abstract_batch(trainer, profile.batch_size, lengths, packed)))
+                                                   abstract_batch(trainer, batch_size, lengths, packed)))
         program(f"checkpoint layout{label}", lambda: trainer.checkpoint_state(state))
-        real = {name: tokens(profile.batch_size, length(name, lengths))
+        real = {name: tokens(batch_size, length(name, lengths))
                 for name in ("encoder_input_tokens", "decoder_input_tokens", "decoder_target_tokens")}
         program(f"eval step{label}", lambda: trainer.eval_step(state.params, trainer.shard_batch(real)))
         return state
@@ -137,6 +140,33 @@ def notebook_programs(profile_name: str, notebook: str) -> dict:
             program(f"span fills: {label} 4 x {pre['inputs']}->{pre['targets']}",
                     lambda: decode.generate(span_model, held_out, pre["targets"], method=method, **options).sequences)
         program("rank_classify", lambda: decode.rank_classify(model, questions[:1], tokens(20, 8)[None])[1])
+    elif notebook == "06_knowledge_capacity":
+        from t5nb import capacity, workflow
+        from t5nb.tasks.offline import PRETRAINING
+        from t5nb.trainer import Trainer, TrainConfig
+
+        dtype = finetuning.model_config.dtype
+        # each width's pretraining (span corruption with and without SSM share theirs), then its
+        # closed-book fine-tuning and decoding of the held-out questions
+        for width in sorted({*profile.knowledge_widths, profile.ssm_width}):
+            recipe = workflow.pretraining_recipe(profile, profile.knowledge_steps, task=PRETRAINING,
+                                                 model=capacity.width_model(width))
+            trainer = Trainer(recipe.model_config().replace(dtype=dtype), recipe.optimizer, None)
+            state = train(trainer, pre, packed=True, label=f" (width {width})")
+            tuner = Trainer(trainer.model_config, TrainConfig(learning_rate=1e-3), None)
+            restored = checkpoints.params_of(trainer.model(state.params))  # the checkpoint, per layer as restored
+            state = train(tuner, fine, packed=False, params=restored, label=f" (width {width}, QA)")
+            greedy(tuner.model(state.params), 64, fine["inputs"], fine["targets"], f" (width {width})")
+        # each grid width's memorising (every world the same shapes) and scoring of every fact
+        for width in profile.capacity_widths:
+            recipe = capacity.memorisation_recipe(profile, profile.capacity_people[0], width)
+            trainer = Trainer(recipe.model_config().replace(dtype=dtype), recipe.optimizer, None)
+            state = train(trainer, capacity.FACT_LENGTHS, packed=False, label=f" (memorising, width {width})",
+                          batch_size=recipe.data.batch_size)
+            scored = trainer.model(state.params)
+            program(f"score 512 facts (width {width})",
+                    lambda: decode.score(scored, tokens(512, capacity.FACT_LENGTHS["inputs"]),
+                                         tokens(512, capacity.FACT_LENGTHS["targets"])))
     return seconds
 
 
@@ -187,7 +217,7 @@ def course(code: pathlib.Path, profile_name: str, runs: pathlib.Path, accelerato
     for variable in ("JAX_COMPILATION_CACHE_DIR", "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "XLA_FLAGS",
                      *(["JAX_PLATFORMS"] if accelerator else [])):
         env.pop(variable, None)  # the course's own settings, not a test run's
-    for notebook in NOTEBOOKS:
+    for notebook in (name for name in NOTEBOOKS if not (accelerator and name in NEEDS_TASKS)):
         run = subprocess.run([sys.executable, __file__, "--child", profile_name, notebook], env=env, cwd=code,
                              capture_output=True, text=True)
         if run.returncode:
@@ -291,7 +321,7 @@ def main():
             results[label] = out
             args.out.write_text(json.dumps({
                 "date": datetime.date.today().isoformat(), "compiled_for": "accelerator" if args.accelerator else "cpu",
-                "cpu": _cpu(), "bench_seconds": round(time.perf_counter() - started), "profiles": PROFILES,
+                "cpu": cpu_name(), "bench_seconds": round(time.perf_counter() - started), "profiles": PROFILES,
                 "current": label, "results": results}, indent=2) + "\n")
         return progress
 
@@ -306,7 +336,8 @@ def main():
     print(f"\nwrote {args.out}")
 
 
-def _cpu() -> str:
+def cpu_name() -> str:
+    """This machine's CPU model and core count, as the results record it."""
     for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
         if line.startswith("model name"):
             return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"

@@ -4,28 +4,30 @@ A program's jaxpr (what JAX traces, before XLA fuses anything) is counted (`coun
 - `matmul_flops`: 2 x M x N x K of every dot_general;
 - `bytes`: what every operation reads and writes, matmuls included (reshapes, broadcasts and
   control flow, which XLA does not materialise, left out);
-- `operations`: how many operations other than matmuls it runs: each costs a fixed time
-  (a GPU launches kernels one after another; a decoding step is mostly that).
+- `operations`: how many operations other than matmuls it runs: each takes at least a fixed
+  time (a GPU launches kernels one after another; a decoding step is mostly that).
 A scan's body counts as many times as it loops, a while loop's as many times as the caller says
 (decoding: one per new token, the most it runs).
 
-Its time on a chip (`seconds`) is
+Its time on a chip (`seconds`) is a range:
 
-    matmul_flops / (peak x matmul_efficiency) + bytes / (bandwidth x bandwidth_efficiency)
-        + operations x seconds_per_operation,
+    matmul = matmul_flops / (peak x matmul_efficiency)
+    least  = matmul + max(bytes / (bandwidth x bandwidth_efficiency), operations x seconds_per_operation)
+    most   = matmul + bytes / (bandwidth x bandwidth_efficiency) + operations x seconds_per_operation
 
-the peak the data sheet's in the program's dtype (`Chip.peak`), the bandwidth its memory's. The
-three rates are fitted (`calibrate`) to what bench/gpu.py measured on an H200 (`MEASURED`): the
-train steps of T5.1.1-small and -base in bfloat16 and of -small in float32 (as TF32), and greedy
-decoding of 8 and of 64 rows, least squares on the relative error. The bytes are counted
-unfused, so `bandwidth_efficiency` comes out above 1: the H200 moves each counted byte once in
-about three, the rest staying in registers and caches inside XLA's fusions.
-
-Where the efficiencies of a chip's kind were not measured (`measured_kind`: a TPU; a GPU without
-TF32 or bfloat16 tensor cores, computing in float32 on its CUDA cores) the time is a range: from
-the larger of its compute and memory terms (the two overlapping fully: compute-bound or
-memory-bound) to their sum (not overlapping, as the H200's fit has them), operations added to
-both.
+the peak the data sheet's in the program's dtype (`Chip.peak`), never above a public measurement
+of the chip's matmul rate (`MEASURED_MATMUL_RATES`), the bandwidth its memory's: the least where
+launching the operations overlaps their memory traffic, the most where it does not. Each rate is
+measured on an H200 (`calibrate`), none fitted:
+- `matmul_efficiency`: the share of the peak its matmul kernels reach in T5.1.1-small's bfloat16
+  train step (the analytic FLOPs over the matmul kernels' time, bench/step_profile.py's profile);
+- `bandwidth_efficiency`: that train step's measured time less its matmuls, over its counted
+  bytes. The bytes are counted unfused, so it comes out above 1: the H200 moves a counted byte
+  about once in three, the rest staying in registers and caches inside XLA's fusions;
+- `seconds_per_operation`: greedy decoding of 8 rows, which launches 50,000 small kernels and
+  moves little: its measured time less its matmuls, over its operations.
+The other measured programs (-base's train step, -small's in float32 as TF32, decoding 64 rows)
+are out of sample: `calibrate` gives each its range beside its time.
 """
 import dataclasses
 import hashlib
@@ -36,7 +38,6 @@ import types
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.extend import core
 
@@ -51,14 +52,25 @@ from programs import abstract_batch  # bench/programs.py
 BENCH = pathlib.Path(__file__).resolve().parent
 RESULTS = BENCH / "results"
 GPU_RESULTS = RESULTS / "gpu-20261126-093508-gpu.json"  # bench/gpu.py on an H200
+# bench/gpu.py's profile phase on an H200 (its analytic FLOPs) and where its steps' time goes, by kind
+PROFILED_RESULTS = RESULTS / "gpu-20261126-205658-gpu.json"
+PROFILE_RESULTS = RESULTS / "gpu-20261126-205658-gpu-profile.json"
+# Public measurements of a chip's matmul rate (FLOP/s) in a dtype, above which no estimate assumes
+# it: float32 on Colab's T4, 4.17 TFLOP/s, 51% of its data sheet (PyTorch; the table of the
+# `torch-performance-test-data` repository on GitHub; Kaggle's T4s measured 4.43)
+MEASURED_MATMUL_RATES = {("Tesla T4", "float32"): 4.17e12}
+USED = {"train-small": "bandwidth_efficiency", "decode-8": "seconds_per_operation"}  # the rest: out of sample
 # bench/compile.py's compile seconds: on this CPU, and on an H200's host (bench/accelerator_estimates.py)
 COMPILE_RESULTS, GPU_COMPILE_RESULTS = RESULTS / "compile.json", RESULTS / "compile-h200.json"
+PIPELINE_RESULTS = RESULTS / "pipeline.json"  # bench/pipeline.py's seconds per batch on 2 cores
+SETUP_RESULTS = RESULTS / "setup_cell.json"  # bench/setup_cell.py's seconds of a hosted notebook's setup cell
 # what bench/accelerator_estimates.py's estimate is counted from: the programs it traces (t5nb's
 # code and profiles), the method, and the measurements it reads; `made_from` digests them, the
 # estimate records the digest, and tests/test_estimates.py holds the committed one to today's files
 ESTIMATE_INPUTS = (*sorted((BENCH.parent / "t5nb").rglob("*.py")), BENCH.parent / "t5nb" / "profiles.toml",
                    *(BENCH / name for name in ("step_cost.py", "accelerator_estimates.py", "programs.py")),
-                   COMPILE_RESULTS, GPU_COMPILE_RESULTS, GPU_RESULTS)
+                   COMPILE_RESULTS, GPU_COMPILE_RESULTS, PIPELINE_RESULTS, SETUP_RESULTS, GPU_RESULTS, PROFILED_RESULTS,
+                   PROFILE_RESULTS)
 # what JAX's jaxpr holds that XLA does not run as work of its own: shape changes and broadcasts
 # (fused into their users), control flow and calls (their bodies are counted), random keys
 NOT_WORK = {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "iota", "pjit", "jit", "closed_call", "remat",
@@ -89,10 +101,6 @@ class Work:
 
     def __mul__(self, times: float):
         return Work(*(a * times for a in dataclasses.astuple(self)))
-
-    def split(self, chips: int):
-        """One chip's share where `chips` split the batch: its matmuls and bytes, every operation."""
-        return Work(self.matmul_flops / chips, self.bytes / chips, self.operations)
 
 
 def _bytes(var) -> int:
@@ -186,22 +194,32 @@ def measured_programs(phases: dict) -> dict:
 
 
 def calibrate() -> dict:
-    """The three rates fitted to `measured_programs` (least squares on the relative error), and
-    what the fit gives back for each measured program."""
+    """The three rates, each from one H200 measurement (see the module's docstring), and the range
+    they give each measured program beside its time: two of them gave a rate, the other three
+    are out of sample."""
     phases = json.loads(GPU_RESULTS.read_text())["phases"]
     programs = measured_programs(phases)
     chip = chip_of(types.SimpleNamespace(device_kind=phases["train-small"]["device"]))
-    terms = {name: np.array([work.matmul_flops / chip.peak(dtype), work.bytes / chip.bandwidth, work.operations])
-             for name, (work, dtype, _) in programs.items()}
-    seconds = {name: s for name, (_, _, s) in programs.items()}
-    rows = np.stack([terms[name] / seconds[name] for name in programs])
-    solution, *_ = np.linalg.lstsq(rows, np.ones(len(programs)), rcond=None)
-    rates = {"matmul_efficiency": 1 / solution[0], "bandwidth_efficiency": 1 / solution[1],
-             "seconds_per_operation": solution[2]}
-    return {"measured_on": chip.kind, "file": GPU_RESULTS.name, **rates,
-            "given_back": {name: {"measured_s": seconds[name], "estimated_s": float(terms[name] @ solution),
-                                  "matmul_share": float(terms[name][0] * solution[0] / (terms[name] @ solution))}
-                           for name in programs}}
+    profiled = json.loads(PROFILED_RESULTS.read_text())["phases"]["profile"]["small"]
+    kernels_s = json.loads(PROFILE_RESULTS.read_text())["models"][profiled["model"]]["ms"]["matmuls"] / 1e3
+    rates = {"matmul_efficiency": profiled["analytic_flops"] / (kernels_s * profiled["peak_flops"])}
+
+    def rest(name):
+        """A program's measured seconds less its matmuls', and its work."""
+        work, dtype, measured = programs[name]
+        return measured - work.matmul_flops / matmul_rate(chip, dtype, rates), work
+
+    step_s, step = rest("train-small")
+    rates["bandwidth_efficiency"] = step.bytes / (chip.bandwidth * step_s)
+    decoding_s, decoding = rest("decode-8")
+    rates["seconds_per_operation"] = decoding_s / decoding.operations
+    given_back = {}
+    for name, (work, dtype, measured) in programs.items():
+        least, most = seconds(work, chip, dtype, rates)
+        given_back[name] = {"measured_s": measured, "least_s": least, "most_s": most,
+                            "gave": USED.get(name, "nothing: out of sample")}
+    return {"measured_on": chip.kind, "file": GPU_RESULTS.name, "profile_file": PROFILE_RESULTS.name, **rates,
+            "given_back": given_back}
 
 
 def measured_kind(chip, dtype: str) -> bool:
@@ -210,11 +228,17 @@ def measured_kind(chip, dtype: str) -> bool:
     return chip.platform == "gpu" and chip.peak_format(dtype) in ("bfloat16", "tf32")
 
 
+def matmul_rate(chip, dtype: str, rates: dict) -> float:
+    """The matmul FLOP/s assumed of `chip` in `dtype`: its peak at the measured matmul efficiency,
+    at most what it was measured at in public (`MEASURED_MATMUL_RATES`)."""
+    assumed = chip.peak(dtype) * rates["matmul_efficiency"]
+    return min(assumed, MEASURED_MATMUL_RATES.get((chip.kind, jnp.dtype(dtype).name), assumed))
+
+
 def seconds(work: Work, chip, dtype: str, rates: dict) -> tuple[float, float]:
-    """(least, most) seconds of `work` computing in `dtype` on `chip` at the calibrated `rates`:
-    equal where the chip's kind was measured, else compute and memory overlapping fully, then not."""
-    compute = work.matmul_flops / (chip.peak(dtype) * rates["matmul_efficiency"])
+    """(least, most) seconds of `work` computing in `dtype` on `chip` at the measured `rates`: the
+    operations' launches overlapping the memory traffic, then not."""
+    matmul = work.matmul_flops / matmul_rate(chip, dtype, rates)
     memory = work.bytes / (chip.bandwidth * rates["bandwidth_efficiency"])
     operations = work.operations * rates["seconds_per_operation"]
-    most = compute + memory + operations
-    return (most if measured_kind(chip, dtype) else max(compute, memory) + operations), most
+    return matmul + max(memory, operations), matmul + memory + operations

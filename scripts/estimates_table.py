@@ -5,7 +5,7 @@
 rewrites, from bench/results/accelerator_estimates.json, the table between the `estimates-table`
 markers of docs/accelerators.md (every setup, by notebook) and the one between the `chip-table`
 markers of README.md (each setup's profile and course time). tests/test_readme.py fails when a
-table and the JSON disagree. It reads only each setup's `profile`, `dtype`, `measured_kind`,
+table and the JSON disagree. It reads only each setup's `profile`, `dtype`,
 `minutes`, `least_minutes`, `compile_minutes`, `memory_gb`, `fits_in_memory` and its notebooks'
 `minutes` (the upper end of each estimate).
 """
@@ -29,8 +29,9 @@ def span(result: dict) -> str:
 
 
 def _range(row: dict) -> str:
-    """A setup's course minutes: one number where its chip's kind was measured, else least-most."""
-    return f"{row['minutes']:.0f}" if row["measured_kind"] else f"{row['least_minutes']:.0f}-{row['minutes']:.0f}"
+    """A setup's course minutes, least-most (one number where the two round alike)."""
+    least, most = f"{row['least_minutes']:.0f}", f"{row['minutes']:.0f}"
+    return most if least == most else f"{least}-{most}"
 
 
 def table(result: dict) -> str:
