@@ -13,8 +13,10 @@ upper end the tables show. A train step takes at least its input pipeline's batc
 host (bench/pipeline.py's measurements). Several chips split each batch (data parallel, as
 t5nb's mesh does): each runs its rows with every weight and the whole optimizer update, and the
 upper end adds summing the gradients over their link (`all_reduce_seconds`); the memory shown is
-one chip running the whole batch, an upper bound. Compiling adds bench/compile.py's seconds per notebook on a 2-core CPU, times how
-much longer the chip's host compiles them (measured: an H200's host; XLA's TPU compiler).
+one chip running the whole batch, an upper bound. Each notebook opens in a runtime of its own:
+it runs the setup cell (bench/setup_cell.py's seconds) and compiles every program it runs
+(bench/compile.py's seconds on a 2-core CPU, `fresh_runtime_compile_seconds`), times how much
+longer the chip's host compiles them (measured: an H200's host; XLA's TPU compiler).
 
 Memory comes from compiling the course's programs with abstract inputs (nothing allocated): with
 libtpu importable (`pip install --no-deps --target /tmp/libtpu "libtpu==<the version jax[tpu]
@@ -371,8 +373,8 @@ def count(result: dict) -> dict:
     least as long as its input pipeline's batch on a 2-core host (`host_seconds`: the host feeds
     the chips while they run, so a step takes the longer of the two), and compiling:
     `COMPILE_RESULTS`' seconds in a fresh runtime per notebook (`fresh_runtime_compile_seconds`)
-    times the chip's ratio; and each
-    notebook's setup cell (`SETUP_RESULTS`: its first run, then again after the restart)."""
+    times the chip's ratio; and each notebook's setup cell (`SETUP_RESULTS`: its first run, then
+    again after the restart)."""
     ratios = {**result["assumptions"]["compile_ratios"], "gpu": round(gpu_compile_ratio(), 2)}
     calibration = step_cost.calibrate()
     works, results = {}, {}
