@@ -361,10 +361,9 @@ def pipeline_of(notebook: str, program: str) -> str | None:
     return None
 
 
-def host_seconds(profile_name: str) -> dict:
-    """{pipeline: seconds a batch} on 2 cores, bench/pipeline.py's `PIPELINE_RESULTS`."""
-    measured = json.loads(step_cost.PIPELINE_RESULTS.read_text())["measured"][profile_name]
-    return {pipeline: row["s_per_batch"] for pipeline, row in measured.items()}
+def host_seconds(pipelines: dict, profile_name: str) -> dict:
+    """{pipeline: seconds a batch} on 2 cores, from bench/pipeline.py's `pipelines` (`PIPELINE_RESULTS`)."""
+    return {pipeline: row["s_per_batch"] for pipeline, row in pipelines["measured"][profile_name].items()}
 
 
 def count(result: dict) -> dict:
@@ -377,6 +376,8 @@ def count(result: dict) -> dict:
     again after the restart)."""
     ratios = {**result["assumptions"]["compile_ratios"], "gpu": round(gpu_compile_ratio(), 2)}
     calibration = step_cost.calibrate()
+    setup_cell = json.loads(step_cost.SETUP_RESULTS.read_text())
+    pipelines = json.loads(step_cost.PIPELINE_RESULTS.read_text())
     works, results = {}, {}
     for name, (chip, chips, profile_name) in setups().items():
         dtype = jnp.dtype(compute_dtype(chip.device())).name
@@ -392,8 +393,7 @@ def count(result: dict) -> dict:
         for program, size in gradients.items():
             least, most = seconds[program]
             seconds[program] = least, most + all_reduce_seconds(size, chip, chips)
-        host = host_seconds(profile_name)
-        setup_cell = json.loads(step_cost.SETUP_RESULTS.read_text())
+        host = host_seconds(pipelines, profile_name)
         for notebook, plan in course(profile).items():
             counts = plan["counts"]
             fed = {program: host.get(pipeline_of(notebook, program), 0.0) for program in counts}
@@ -426,11 +426,9 @@ def count(result: dict) -> dict:
             "assumptions": {**result["assumptions"], "calibration": calibration, "compile_ratios": ratios,
                             "compile_results": {"file": COMPILE_RESULTS.name, "commit": compile_results["current"],
                                                 "cpu": compile_results["cpu"], "gpu_file": GPU_COMPILE_RESULTS.name},
-                            "setup_cell": {"file": step_cost.SETUP_RESULTS.name,
-                                           **json.loads(step_cost.SETUP_RESULTS.read_text())},
+                            "setup_cell": {"file": step_cost.SETUP_RESULTS.name, **setup_cell},
                             "host": {"file": step_cost.PIPELINE_RESULTS.name,
-                                     **{key: value for key, value in json.loads(
-                                         step_cost.PIPELINE_RESULTS.read_text()).items() if key != "measured"}}},
+                                     **{key: value for key, value in pipelines.items() if key != "measured"}}},
             "setups": results}
 
 

@@ -29,12 +29,6 @@ import hosted_stacks  # noqa: E402  (tests/hosted_stacks.py)
 RUNTIME = "colab"
 
 
-def freeze(python: str) -> dict:
-    out = subprocess.run([python, "-m", "pip", "freeze"], capture_output=True, text=True, check=True).stdout
-    return {hosted_stacks.normalised(name): version for name, version in
-            (line.split("==") for line in out.splitlines() if "==" in line and not line.startswith("#"))}
-
-
 def timed_setup(python: str) -> float:
     start = time.perf_counter()
     hosted_stacks.set_up(python)
@@ -51,9 +45,9 @@ def main():
     with tempfile.TemporaryDirectory() as scratch:
         scratch = pathlib.Path(scratch)
         python = hosted_stacks.seed(RUNTIME, scratch / "stack")
-        before = freeze(python)
+        before = hosted_stacks.installed(python)
         first = timed_setup(python)
-        installed = {name: version for name, version in freeze(python).items()
+        installed = {name: version for name, version in hosted_stacks.installed(python).items()
                      if before.get(name) != version and name != "t5nb"}
         again = timed_setup(python)
         wheels = scratch / "wheels"

@@ -75,8 +75,19 @@ def normalised(name: str) -> str:
 
 def pins(path: pathlib.Path) -> dict:
     """{normalised name: version} of a requirements file's `name==version` lines."""
+    return _pinned(path.read_text())
+
+
+def installed(python: str) -> dict:
+    """{normalised name: version} of what `python`'s virtualenv holds (`pip freeze`)."""
+    frozen = subprocess.run([python, "-m", "pip", "freeze"], capture_output=True, text=True, check=True,
+                            env=environment(pathlib.Path(python).parents[1])).stdout
+    return _pinned(frozen)
+
+
+def _pinned(text: str) -> dict:
     return {normalised(name): version for name, version in (
-        line.strip().split("==") for line in path.open() if "==" in line and line[0] != "#")}
+        line.strip().split("==") for line in text.splitlines() if "==" in line and not line.startswith("#"))}
 
 
 def add_test_tools(python: str) -> None:

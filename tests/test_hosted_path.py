@@ -84,17 +84,13 @@ def test_hosted_setup_keeps_the_runtime_and_t5nb_runs_on_it(tmp_path, runtime):
         assert result.returncode == 0, result.stdout + result.stderr
         return result.stdout
 
-    def freeze() -> dict:
-        pins = (line.split("==") for line in run(python, "-m", "pip", "freeze").splitlines() if "==" in line)
-        return {hosted_stacks.normalised(name): version for name, version in pins}  # tensorflow_cpu
-
     probe = "import jax, jaxlib; print(jax.__version__, jaxlib.__version__, jax.default_backend())"
     hosted_jax = run(python, "-c", probe)
-    hosted = freeze()
+    hosted = hosted_stacks.installed(python)
 
     hosted_stacks.set_up(python)
     assert run(python, "-c", probe) == hosted_jax
-    after = freeze()
+    after = hosted_stacks.installed(python)
     kept = {n for n in hosted if n not in ("protobuf", "tensorflow-datasets")}
     assert {n: after.get(n) for n in kept} == {n: hosted[n] for n in kept}  # jax, flax, numpy, tensorflow, ...
     lock = hosted_stacks.pins(ROOT / "requirements" / "base.lock")
@@ -111,7 +107,7 @@ def test_hosted_setup_keeps_the_runtime_and_t5nb_runs_on_it(tmp_path, runtime):
     assert out.split() == ["cpu"]
 
     hosted_stacks.set_up(python)  # every notebook's setup cell runs it again
-    assert freeze() == after
+    assert hosted_stacks.installed(python) == after
 
     hosted_stacks.add_test_tools(python)
     out = run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *ON_EACH_STACK, cwd=ROOT)

@@ -51,17 +51,10 @@ def get_dataset(task, feature_lengths: dict, batch_size: int, *, split: str = "t
                                          try_in_mem_cache=try_in_mem_cache))
     if kept and (dataset := kept_pipelines.load(kept)) is not None:
         return dataset
-    kept_tokens = try_in_mem_cache and keeps_tokens(task, split)
-    if kept_tokens and not pack and _fixed_after_cache(task):
+    if try_in_mem_cache and keeps_tokens(task, split) and not pack and _fixed_after_cache(task):
         dataset = _batches_of_kept_examples(task, feature_lengths, batch_size, split, shuffle, seed, num_epochs)
     else:
-        if kept_tokens:
-            dataset = _tokens_kept_in_memory(task, feature_lengths, split, shuffle, seed, num_epochs)
-        elif try_in_mem_cache and isinstance(task, seqio.Mixture):
-            dataset = _mixture_of_tokens_kept(task, feature_lengths, split, shuffle, seed, num_epochs)
-        else:
-            dataset = task.get_dataset(feature_lengths, split=split, shuffle=shuffle, seed=seed,
-                                       num_epochs=num_epochs, try_in_mem_cache=try_in_mem_cache)
+        dataset = _examples(task, feature_lengths, split, shuffle, seed, num_epochs, try_in_mem_cache)
         dataset = _converted(dataset, feature_lengths, pack).batch(batch_size, drop_remainder=True)
     if kept:
         kept_pipelines.keep(kept, dataset)
@@ -80,6 +73,19 @@ def keeps_tokens(task, split: str) -> bool:
         return False
     in_memory = getattr(task.source, "examples_bytes", math.inf) <= kept_pipelines.MAX_EXAMPLES_BYTES
     return examples < seqio.dataset_providers._MAX_EXAMPLES_TO_MEM_CACHE or in_memory
+
+
+def _examples(task, feature_lengths: dict, split: str, shuffle: bool, seed: int, num_epochs: int | None,
+              try_in_mem_cache: bool = True) -> tf.data.Dataset:
+    """`task.get_dataset(...)`'s examples: a task that `keeps_tokens` tokenized once
+    (`_tokens_kept_in_memory`), a mixture's tasks each so (`_mixture_of_tokens_kept`), the rest as
+    seqio gives them."""
+    if try_in_mem_cache and keeps_tokens(task, split):
+        return _tokens_kept_in_memory(task, feature_lengths, split, shuffle, seed, num_epochs)
+    if try_in_mem_cache and isinstance(task, seqio.Mixture):
+        return _mixture_of_tokens_kept(task, feature_lengths, split, shuffle, seed, num_epochs)
+    return task.get_dataset(feature_lengths, split=split, shuffle=shuffle, seed=seed, num_epochs=num_epochs,
+                            try_in_mem_cache=try_in_mem_cache)
 
 
 def _converted(dataset: tf.data.Dataset, feature_lengths: dict, pack: bool) -> tf.data.Dataset:
@@ -129,10 +135,7 @@ def _mixture_of_tokens_kept(mixture, feature_lengths: dict, split: str, shuffle:
     keys = set(mixture.output_features)
     datasets = []
     for task in tasks:
-        if keeps_tokens(task, split):
-            dataset = _tokens_kept_in_memory(task, feature_lengths, split, shuffle, seed, num_epochs)
-        else:
-            dataset = task.get_dataset(feature_lengths, split=split, shuffle=shuffle, seed=seed, num_epochs=num_epochs)
+        dataset = _examples(task, feature_lengths, split, shuffle, seed, num_epochs)
         datasets.append(dataset.map(lambda example: {k: v for k, v in example.items() if k in keys},
                                     num_parallel_calls=tf.data.experimental.AUTOTUNE))
     sample_seed = seed if seed is not None else None if shuffle else 42
