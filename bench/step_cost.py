@@ -27,7 +27,9 @@ measured on an H200 (`calibrate`), none fitted:
 - `seconds_per_operation`: greedy decoding of 8 rows, which launches 50,000 small kernels and
   moves little: its measured time less its matmuls, over its operations.
 The other measured programs (-base's train step, -small's in float32 as TF32, decoding 64 rows)
-are out of sample: `calibrate` gives each its range beside its time.
+are out of sample: `calibrate` gives each its range beside its time, and leaves out each of the
+two that gave a rate in turn, the rate then coming from the other program of its kind
+(`RATE_FROM`: the bandwidth from -base's step, the time per operation from decoding 64 rows).
 """
 import dataclasses
 import hashlib
@@ -59,7 +61,9 @@ PROFILE_RESULTS = RESULTS / "gpu-20261126-205658-gpu-profile.json"
 # it: float32 on Colab's T4, 4.17 TFLOP/s, 51% of its data sheet (PyTorch; the table of the
 # `torch-performance-test-data` repository on GitHub; Kaggle's T4s measured 4.43)
 MEASURED_MATMUL_RATES = {("Tesla T4", "float32"): 4.17e12}
-USED = {"train-small": "bandwidth_efficiency", "decode-8": "seconds_per_operation"}  # the rest: out of sample
+# The measurement each rate comes from, and the one it comes from where that one is left out
+RATE_FROM = {"bandwidth_efficiency": ("train-small", "train-base"), "seconds_per_operation": ("decode-8", "decode-64")}
+USED = {programs[0]: rate for rate, programs in RATE_FROM.items()}  # the rest: out of sample
 # bench/compile.py's compile seconds: on this CPU, and on an H200's host (bench/accelerator_estimates.py)
 COMPILE_RESULTS, GPU_COMPILE_RESULTS = RESULTS / "compile.json", RESULTS / "compile-h200.json"
 PIPELINE_RESULTS = RESULTS / "pipeline.json"  # bench/pipeline.py's seconds per batch on 2 cores
@@ -196,30 +200,45 @@ def measured_programs(phases: dict) -> dict:
 def calibrate() -> dict:
     """The three rates, each from one H200 measurement (see the module's docstring), and the range
     they give each measured program beside its time: two of them gave a rate, the other three
-    are out of sample."""
+    are out of sample; then each program's range with the rates measured without it
+    (`leave_one_out`)."""
     phases = json.loads(GPU_RESULTS.read_text())["phases"]
     programs = measured_programs(phases)
     chip = chip_of(types.SimpleNamespace(device_kind=phases["train-small"]["device"]))
     profiled = json.loads(PROFILED_RESULTS.read_text())["phases"]["profile"]["small"]
     kernels_s = json.loads(PROFILE_RESULTS.read_text())["models"][profiled["model"]]["ms"]["matmuls"] / 1e3
-    rates = {"matmul_efficiency": profiled["analytic_flops"] / (kernels_s * profiled["peak_flops"])}
-
-    def rest(name):
-        """A program's measured seconds less its matmuls', and its work."""
-        work, dtype, measured = programs[name]
-        return measured - work.matmul_flops / matmul_rate(chip, dtype, rates), work
-
-    step_s, step = rest("train-small")
-    rates["bandwidth_efficiency"] = step.bytes / (chip.bandwidth * step_s)
-    decoding_s, decoding = rest("decode-8")
-    rates["seconds_per_operation"] = decoding_s / decoding.operations
-    given_back = {}
+    matmul_efficiency = profiled["analytic_flops"] / (kernels_s * profiled["peak_flops"])
+    rates = rates_from(programs, chip, matmul_efficiency)
+    given_back, leave_one_out = {}, {}
     for name, (work, dtype, measured) in programs.items():
         least, most = seconds(work, chip, dtype, rates)
         given_back[name] = {"measured_s": measured, "least_s": least, "most_s": most,
                             "gave": USED.get(name, "nothing: out of sample")}
+        without = rates_from(programs, chip, matmul_efficiency, left_out=name)
+        least, most = seconds(work, chip, dtype, without)
+        leave_one_out[name] = {"measured_s": measured, "least_s": least, "most_s": most,
+                               "rates_from": {rate: measured_by(rate, left_out=name) for rate in RATE_FROM}}
     return {"measured_on": chip.kind, "file": GPU_RESULTS.name, "profile_file": PROFILE_RESULTS.name, **rates,
-            "given_back": given_back}
+            "given_back": given_back, "leave_one_out": leave_one_out}
+
+
+def rates_from(programs: dict, chip, matmul_efficiency: float, left_out: str | None = None) -> dict:
+    """The rates, the matmuls' at `matmul_efficiency` and each of the others from its measured
+    program (`RATE_FROM`), or from the other of its kind where that one is `left_out`: the
+    program's measured seconds less its matmuls', over its bytes or its operations."""
+    rates = {"matmul_efficiency": matmul_efficiency}
+    for rate in RATE_FROM:
+        work, dtype, measured = programs[measured_by(rate, left_out)]
+        rest_s = measured - work.matmul_flops / matmul_rate(chip, dtype, rates)
+        rates[rate] = (work.bytes / (chip.bandwidth * rest_s) if rate == "bandwidth_efficiency"
+                       else rest_s / work.operations)
+    return rates
+
+
+def measured_by(rate: str, left_out: str | None = None) -> str:
+    """The measured program `rate` comes from (`RATE_FROM`), the other of its kind where that one is `left_out`."""
+    first, other = RATE_FROM[rate]
+    return other if first == left_out else first
 
 
 def measured_kind(chip, dtype: str) -> bool:
