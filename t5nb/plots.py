@@ -159,7 +159,7 @@ def sample_efficiency(curve: dict, title: str | None = None):
     for start in ("pretrained", "scratch"):
         axis.plot([int(n) for n in sizes], [curve["runs"][n][start] for n in sizes], marker="o", label=f"from {start}")
     held_out = f"each point on {curve['examples']:,} held-out examples" if "examples" in curve else None
-    axis.set(xscale="log", xlabel="training examples", ylabel=f"held-out {curve['metric']}",
+    axis.set(xscale="log", xlabel="training examples", ylabel=f"held-out {curve['metric']} (%)",
              title="\n".join(part for part in (title, held_out) if part) or None)
     axis.legend()
     plt.close(figure)
@@ -173,7 +173,7 @@ def fine_tuning_methods(table: dict, metric: str):
     for method, row in table.items():
         axis.scatter(row["trained_parameters"], row[metric], s=60)
         axis.annotate(method, (row["trained_parameters"], row[metric]), textcoords="offset points", xytext=(6, 4))
-    axis.set(xscale="log", xlabel="parameters trained", ylabel=f"held-out {metric}",
+    axis.set(xscale="log", xlabel="parameters trained", ylabel=f"held-out {metric} (%)",
              title="full fine-tuning, LoRA, prompt tuning")
     plt.close(figure)
     return figure

@@ -200,15 +200,17 @@ def get_profile(name: str | None = None) -> Profile:
 
 
 def course_minutes(name: str, device=None, count: int | None = None) -> tuple[dict, str] | None:
-    """Minutes per notebook of profile `name`'s course on `count` devices like `device` (default:
-    this machine's), and where they come from; None where nothing was measured or estimated.
+    """(least, most) minutes per notebook of profile `name`'s course on `count` devices like
+    `device` (default: this machine's), and where they come from; None where nothing was
+    measured or estimated.
 
     The `cpu` profile on a CPU: `make course`'s wall times on 2 cores of the slower machine kind
-    (`MEASURED`), each scaled by how much faster that machine's float32 matmul ran than this
-    one's (`cpu_matmul_flops`) where the record holds its speed (`matmul_gflops`, which
-    `choose_profile` records under `t5nb course`). A chip of `CHIPS`:
-    bench/accelerator_estimates.py's estimate (`ESTIMATES`) for the profile detection gives
-    that chip, on the setup with the nearest number of chips.
+    (`MEASURED`); where the record holds that machine's float32 matmul speed (`matmul_gflops`,
+    which `choose_profile` records under `t5nb course`), from each time as it is to it scaled by
+    how much faster this CPU's matmul runs (`cpu_matmul_flops`): a step is more than matmuls
+    (on an Intel Xeon 1.6 times as fast at them, the course took 0.85 of the time, not 0.61).
+    A chip of `CHIPS`: bench/accelerator_estimates.py's estimate (`ESTIMATES`) for the profile
+    detection gives that chip, on the setup with the nearest number of chips.
     """
     device = device or jax.devices()[0]
     count = count or jax.device_count()
@@ -220,12 +222,14 @@ def course_minutes(name: str, device=None, count: int | None = None) -> tuple[di
         if not all("matmul_gflops" in row for row in measured.values()):
             unscaled = (f"{where}, whose matmul speed the record lacks, so not scaled to this CPU: another CPU, "
                         "or one busy with other work, takes longer or shorter")
-            return {notebook: row["wall_s"] / 60 for notebook, row in measured.items()}, unscaled
+            return {notebook: (row["wall_s"] / 60,) * 2 for notebook, row in measured.items()}, unscaled
         here = cpu_matmul_flops() / 1e9
         there = sum(row["matmul_gflops"] for row in measured.values()) / len(measured)
-        scaled = (f"{where}, scaled by this CPU's float32 matmul speed, {here:,.0f} GFLOP/s against {there:,.0f} "
-                  "there: a rough guide, since a step is more than matmuls and other work can take cores away")
-        return {notebook: row["wall_s"] / 60 * row["matmul_gflops"] / here for notebook, row in measured.items()}, scaled
+        scaled = (f"{where}: from those times to them scaled by this CPU's float32 matmul speed, {here:,.0f} "
+                  f"GFLOP/s against {there:,.0f} there, since a step is more than matmuls; other work on the "
+                  "cores makes it longer")
+        return {notebook: tuple(sorted((row["wall_s"] / 60, row["wall_s"] / 60 * row["matmul_gflops"] / here)))
+                for notebook, row in measured.items()}, scaled
     chip = chip_of(device)
     if chip is None or name != profile_name_for(device) or not ESTIMATES.is_file():
         return None
@@ -234,7 +238,7 @@ def course_minutes(name: str, device=None, count: int | None = None) -> tuple[di
     if not setups:
         return None
     setup_name, setup = min(setups, key=lambda item: abs(item[1]["chips"] - count))
-    return ({notebook: row["minutes"] for notebook, row in setup["notebooks"].items()},
+    return ({notebook: (row["least_minutes"], row["minutes"]) for notebook, row in setup["notebooks"].items()},
             f"estimated for {setup_name} by bench/accelerator_estimates.py (docs/accelerators.md), not measured")
 
 
@@ -272,15 +276,20 @@ def choose_profile(name: str = "detected", notebook: str | None = None) -> Profi
     else:
         per_notebook, source = minutes
         if notebook in per_notebook:
-            print(f"  this notebook, {notebook}: {_minutes(per_notebook[notebook])} on "
+            print(f"  this notebook, {notebook}: {said_minutes(per_notebook[notebook])} on "
                   f"{jax.devices()[0].device_kind}, its first run")
-        print(f"  the course in {_minutes(sum(per_notebook.values()))} ("
-              + ", ".join(f"{key[:2]}: {_minutes(value, about='')}" for key, value in per_notebook.items())
+        course = tuple(sum(ends) for ends in zip(*per_notebook.values()))
+        print(f"  the course in {said_minutes(course)} ("
+              + ", ".join(f"{key[:2]}: {said_minutes(ends, about='')}" for key, ends in per_notebook.items())
               + f"), {source}")
     print(f"  compiled programs are kept in {compiled}: the next notebook loads them instead of compiling")
     return profile
 
 
-def _minutes(value: float, about: str = "about ") -> str:
-    """`value` minutes, said to a learner: `about` whole minutes, or under a minute."""
-    return f"{about}{value:.0f} min" if value >= 0.5 else "under a minute"
+def said_minutes(ends: tuple[float, float], about: str = "about ") -> str:
+    """(least, most) minutes, said to a learner: `about` whole minutes, a range where they round
+    apart, or under a minute."""
+    if ends[1] < 0.5:
+        return "under a minute"
+    least, most = max(round(ends[0]), 1), round(ends[1])
+    return f"{about}{most} min" if least >= most else f"{about}{least}-{most} min"

@@ -15,7 +15,7 @@ import numpy as np
 from t5nb import adapters, evaluate, tasks
 from t5nb.adapters import FINE_TUNING_METHODS
 from t5nb.checkpoints import checkpoint_steps, is_t5x_checkpoint
-from t5nb.profiles import Profile, course_minutes
+from t5nb.profiles import Profile, course_minutes, said_minutes
 from t5nb.recipe import Data, Recipe, Run, make_trainer
 from t5nb.system import record_headline, runs_dir
 from t5nb.train import TrainResult, run_recipe
@@ -100,7 +100,7 @@ def pretrained_checkpoint(profile: Profile, progress: bool = True) -> pathlib.Pa
     if not steps or steps[-1] < profile.pretrain_steps:
         where = f"at step {steps[-1]:,} in" if steps else "not in"
         minutes = course_minutes(profile.name)
-        how_long = f" (about {minutes[0]['02_pretraining']:.0f} min from the start: {minutes[1]})" if minutes else ""
+        how_long = f" ({said_minutes(minutes[0]['02_pretraining'])} from the start: {minutes[1]})" if minutes else ""
         print(f"Notebook 02's pretraining run is {where} {directory}: running it now to step "
               f"{profile.pretrain_steps:,}, as notebook 02 does{how_long}; its progress bar follows. On Colab, "
               "KEEP_RUNS_ON_DRIVE = True in the setup cell keeps it for the other notebooks and later runtimes.")

@@ -56,9 +56,9 @@ def test_the_setup_cells_profile_field_sets_the_profile_and_says_what_it_runs_an
 
 def test_the_measured_times_are_scaled_by_this_cpus_matmul_speed_where_the_record_has_it(monkeypatch, tmp_path,
                                                                                           capsys):
-    """A CPU half as fast at matmuls as the one `make course` ran on is told twice its times, and
-    under `t5nb course` its speed is recorded beside them; a record without the speed is shown
-    unscaled, and says so."""
+    """A CPU half as fast at matmuls as the one `make course` ran on is told from its times to
+    twice them, and under `t5nb course` its speed is recorded beside them; a record without the
+    speed is shown unscaled, and says so."""
     record = tmp_path / "course_results.json"
     record.write_text(json.dumps({"00_setup": {"wall_s": 12.0, "matmul_gflops": 100.0},
                                   "02_pretraining": {"wall_s": 600.0, "matmul_gflops": 100.0}}))
@@ -66,7 +66,7 @@ def test_the_measured_times_are_scaled_by_this_cpus_matmul_speed_where_the_recor
     monkeypatch.setattr(profiles, "cpu_matmul_flops", lambda: 50e9)
     cpu = types.SimpleNamespace(platform="cpu")
     minutes, source = profiles.course_minutes("cpu", cpu, 1)
-    assert minutes == {"00_setup": pytest.approx(0.4), "02_pretraining": pytest.approx(20.0)}
+    assert minutes == {"00_setup": pytest.approx((0.2, 0.4)), "02_pretraining": pytest.approx((10.0, 20.0))}
     assert "scaled by this CPU's float32 matmul speed, 50 GFLOP/s against 100 there" in source
     monkeypatch.setenv("T5NB_PROFILE", "cpu")
     monkeypatch.setenv("T5NB_RUNS_DIR", str(tmp_path))
@@ -76,10 +76,18 @@ def test_the_measured_times_are_scaled_by_this_cpus_matmul_speed_where_the_recor
     assert json.loads((tmp_path / "headlines" / "00_setup.json").read_text()) == {"matmul_gflops": 50.0}
     said = capsys.readouterr().out
     assert "this notebook, 00_setup: under a minute on cpu" in said and "about under" not in said
-    assert "the course in about 20 min (00: under a minute, 02: 20 min)" in said
+    assert "the course in about 10-20 min (00: under a minute, 02: 10-20 min)" in said
     record.write_text(json.dumps({"02_pretraining": {"wall_s": 600.0}}))
     minutes, source = profiles.course_minutes("cpu", cpu, 1)
-    assert minutes == {"02_pretraining": 10.0} and "not scaled to this CPU" in source
+    assert minutes == {"02_pretraining": (10.0, 10.0)} and "not scaled to this CPU" in source
+
+
+def test_minutes_are_said_in_whole_minutes_as_a_range_where_the_ends_round_apart():
+    assert profiles.said_minutes((0.2, 0.4)) == "under a minute"
+    assert profiles.said_minutes((0.3, 0.7)) == "about 1 min"
+    assert profiles.said_minutes((12.01, 12.46)) == "about 12 min"
+    assert profiles.said_minutes((16.6, 27.2)) == "about 17-27 min"
+    assert profiles.said_minutes((4.4, 4.6), about="") == "4-5 min"
 
 
 def test_on_a_chip_the_setup_cell_prints_the_notebooks_estimated_time(monkeypatch, capsys, tmp_path):
@@ -91,7 +99,8 @@ def test_on_a_chip_the_setup_cell_prints_the_notebooks_estimated_time(monkeypatc
     assert t5nb.choose_profile("detected", "03_finetuning").name == "fp32-gpu"
     said = capsys.readouterr().out
     minutes = json.loads(profiles.ESTIMATES.read_text())["setups"]["Colab T4"]["notebooks"]
-    assert f"this notebook, 03_finetuning: about {minutes['03_finetuning']['minutes']:.0f} min on Tesla T4" in said
+    least, most = round(minutes["03_finetuning"]["least_minutes"]), round(minutes["03_finetuning"]["minutes"])
+    assert f"this notebook, 03_finetuning: about {least}{'' if least == most else f'-{most}'} min on Tesla T4" in said
     assert "estimated for Colab T4 by bench/accelerator_estimates.py" in said and "not measured" in said
 
 
@@ -99,7 +108,7 @@ def test_each_estimated_setup_is_what_its_chip_is_told_and_other_profiles_have_n
     for setup in json.loads(profiles.ESTIMATES.read_text())["setups"].values():
         chip = next(chip for chip in CHIPS.values() if chip.kind == setup["chip"])
         minutes, source = profiles.course_minutes(setup["profile"], chip.device(), setup["chips"])
-        assert minutes == {notebook: row["minutes"] for notebook, row in setup["notebooks"].items()}
+        assert minutes == {notebook: (row["least_minutes"], row["minutes"]) for notebook, row in setup["notebooks"].items()}
         assert "not measured" in source
         assert profiles.course_minutes("cpu", chip.device(), setup["chips"]) is None
     assert profiles.course_minutes("ci", types.SimpleNamespace(platform="cpu")) is None
