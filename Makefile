@@ -70,10 +70,12 @@ lab: $(VENV)/.lab
 # (tests/test_browser.py). Beside it, the dress rehearsal of the Colab path: every notebook with
 # the accelerator course's tasks, sources and calls at toy sizes (profile `rehearsal`) on 8
 # simulated devices, every remote source read from its local stand-in (needs the official
-# vocabulary in T5NB_DATA_DIR); its report follows pytest's. Notebook 06
+# vocabulary in T5NB_DATA_DIR), each notebook alone in a runs folder of its own, as Colab and
+# Kaggle open them, then 03-06 held to the train steps the estimate counts (tests/rehearse.sh);
+# its report follows pytest's. Notebook 06
 # measures the facts world under every profile, so where the rehearsal runs it (on 8 devices),
 # the CI profile's run leaves it out (85 CPU seconds of a run bound by CPU).
-# The rehearsal is one chain of notebooks, one cell at a time; the tests are units that fill
+# The rehearsal is one notebook after another, one cell at a time; the tests are units that fill
 # whatever CPU it leaves: they yield to it (nice), so that it is not the one left at the end. Beside
 # three workers at the same priority, it took 1,175 s of a CI run of 1,371 s and ended last.
 # Absolute paths: nbval runs each notebook in notebooks/.
@@ -114,9 +116,9 @@ test: $(VENV)/.test
 	  ({ $(PY) tests/standins.py $(STANDINS) && { stack=$$($(PY) tests/hosted_stacks.py colab $(COLAB_STACK)); built=$$?; \
 	   if [ $$built -eq 3 ] && [ -z "$$CI" ]; then echo "so the rehearsal runs on the lock's packages"; stack=$(PY); \
 	   elif [ $$built -ne 0 ]; then false; else echo "the rehearsal runs on Colab's stack: $$stack"; fi; } && \
-	   T5NB_PROFILE=rehearsal T5NB_STANDINS=$(STANDINS) T5NB_RUNS_DIR=$(REHEARSAL) \
-	   XLA_FLAGS=--xla_force_host_platform_device_count=8 $$stack -m pytest notebooks --nbval-lax --nbval-current-env \
-	   $(CELL_TIMEOUT) --durations=10; } > $(REHEARSAL_LOG) 2>&1; echo $$? > $(REHEARSAL_LOG).status) & \
+	   T5NB_PROFILE=rehearsal T5NB_STANDINS=$(STANDINS) XLA_FLAGS=--xla_force_host_platform_device_count=8 \
+	   bash tests/rehearse.sh $$stack $(REHEARSAL) $(PY) $(CELL_TIMEOUT) --durations=3; } > $(REHEARSAL_LOG) 2>&1; \
+	   echo $$? > $(REHEARSAL_LOG).status) & \
 	  in_rehearsal_only=--ignore=notebooks/06_knowledge_capacity.ipynb; \
 	else in_rehearsal_only=; echo "rehearsal skipped: no official T5 vocabulary in T5NB_DATA_DIR ($${T5NB_DATA_DIR:-../shared/data})" \
 	  | tee $(REHEARSAL_LOG); echo 0 > $(REHEARSAL_LOG).status; fi; \

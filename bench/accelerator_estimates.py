@@ -151,20 +151,27 @@ def programs_in(dtype, mesh, profile) -> dict:
     return costs
 
 
-def course(profile) -> dict:
+def course(profile, with_02s_run: bool = False) -> dict:
     """Per notebook: its training runs, decoded examples and how many times it runs each program
-    (`course_work`'s names). 00 times a matmul in float32 and bfloat16 (a first call, then the
-    best of 5); 01 runs no model. 02 pretrains (validating every `eval_every` steps), and its
-    interrupt-and-resume lesson trains 30 steps straight and 30 again, interrupted and resumed.
-    03 and 04 fine-tune from the pretraining, from scratch and from the official checkpoint and
-    decode the validation set after each (03 also fine-tunes T5X's checkpoint and runs its
-    sample-efficiency curve and LoRA and prompt tuning, whose steps count as full fine-tuning
-    steps, an upper bound); each fine-tuning validates every `eval_every` steps (teacher-forced
-    batches and a decoded sample). 05 fine-tunes once, teacher-forces the validation set, decodes
-    it at the end and at each of the 3 kept checkpoints. 06 pretrains at each width (span
-    corruption + SSM) and once more without SSM, fine-tunes each for closed-book QA and decodes
-    its held-out questions, then memorises each world of its grid at each width and scores every
-    fact. Decoding counts every batch's full `targets` steps, an upper bound."""
+    (`course_work`'s names), in a runtime of its own, as Colab and Kaggle open each notebook: 03-05
+    find no run of notebook 02 there and fine-tune the published checkpoint in its place
+    (`workflow.pretrained_checkpoint`), which 03 and 04 then do not fine-tune a second time
+    (`workflow.published_checkpoints`); a profile without one runs 02's pretraining first (in
+    03-05; 06 counts each of its pretrainings, 02's run where it reuses it, either way).
+    `with_02s_run`: 02's finished run found instead, as when the notebooks share one runtime.
+    00 times a matmul in float32 and bfloat16 (a first call, then the best of 5); 01 runs no
+    model. 02 pretrains (validating every `eval_every` steps), and its interrupt-and-resume
+    lesson trains 30 steps straight and 30 again, interrupted and resumed. 03 and 04 fine-tune
+    from the pretrained model and from scratch, and the published checkpoints, and decode the
+    validation set after each (03 also runs its sample-efficiency curve, from pretrained and from
+    scratch at each size, and LoRA and prompt tuning, whose steps count as full fine-tuning
+    steps, an upper bound); each fine-tuning
+    validates every `eval_every` steps (teacher-forced batches and a decoded sample). 05
+    fine-tunes once, teacher-forces the validation set, decodes it at the end and at each of the
+    3 kept checkpoints. 06 pretrains at each width (span corruption + SSM) and once more without
+    SSM, fine-tunes each for closed-book QA and decodes its held-out questions, then memorises
+    each world of its grid at each width and scores every fact. Decoding counts every batch's
+    full `targets` steps, an upper bound."""
     def decoded(task):
         return [min(n, profile.eval_examples or n) for n in VALIDATION_EXAMPLES[task].values()]
 
@@ -187,6 +194,16 @@ def course(profile) -> dict:
     steps, short = profile.finetune_steps, min(30, profile.pretrain_steps)
     forced = sum(VALIDATION_EXAMPLES[profile.qa_task].values()) // profile.batch_size  # full batches
     pretraining = profile.pretrain_steps + 2 * short
+    # what 03-05 fine-tune as pretrained, and 02's pretraining run first where there is nothing
+    published_instead = not with_02s_run and profile.official_checkpoint is not None
+    pretrained = profile.official_checkpoint if published_instead else workflow.pretraining_dir(profile)
+    first = {} if with_02s_run or published_instead else {
+        "pretrain_step": profile.pretrain_steps,
+        "pretrain_eval_step": validations(profile.pretrain_steps) * profile.eval_batches}
+    published_03 = len(workflow.published_checkpoints(profile, pretrained))
+    published_04 = len(workflow.published_checkpoints(profile, pretrained, ("t5_1_1_small",)))
+    curve = 2 * len(profile.transfer_sizes)
+    runs_03 = 4 + published_03 + curve
     # 06's pretrainings at each width (then one fine-tuning each): the SSM width twice, with and without SSM
     runs = {width: 1 + (width == profile.ssm_width) for width in sorted({*profile.knowledge_widths, profile.ssm_width})}
     facts_qa = [min(FACTS_QA_VALIDATION, profile.eval_examples or FACTS_QA_VALIDATION)]
@@ -204,17 +221,27 @@ def course(profile) -> dict:
         "02_pretraining": {"runs": 3, "examples": 0,
                            "counts": {"pretrain_step": pretraining,
                                       "pretrain_eval_step": validations(pretraining) * profile.eval_batches}},
-        "03_finetuning": {"runs": 12, "examples": 12 * sum(wmt),
-                          "counts": plus(finetuning([steps] * 6 + [profile.transfer_steps] * 6),
-                                         {"decode_batch": 12 * batches(wmt)})},
-        "04_closed_book_qa": {"runs": 3, "examples": 3 * sum(qa),
-                              "counts": plus(finetuning([steps] * 3), {"decode_batch": 3 * batches(qa)})},
-        "05_evaluation": {"runs": 1, "examples": 4 * sum(qa),
-                          "counts": plus(finetuning([steps]), {"eval_step": forced, "decode_batch": 4 * batches(qa)})},
+        # pretrained, scratch, LoRA and prompt tuning, the published checkpoints; the curve's, from
+        # pretrained and from scratch at each size
+        "03_finetuning": {"runs": runs_03 + bool(first), "examples": runs_03 * sum(wmt),
+                          "counts": plus(first, finetuning([steps] * (4 + published_03) + [profile.transfer_steps] * curve),
+                                         {"decode_batch": runs_03 * batches(wmt)})},
+        "04_closed_book_qa": {"runs": 2 + published_04 + bool(first), "examples": (2 + published_04) * sum(qa),
+                              "counts": plus(first, finetuning([steps] * (2 + published_04)),
+                                             {"decode_batch": (2 + published_04) * batches(qa)})},
+        "05_evaluation": {"runs": 1 + bool(first), "examples": 4 * sum(qa),
+                          "counts": plus(first, finetuning([steps]),
+                                         {"eval_step": forced, "decode_batch": 4 * batches(qa)})},
         "06_knowledge_capacity": {
             "runs": 2 * sum(runs.values()) + len(profile.capacity_widths) * len(profile.capacity_people),
-            "examples": sum(runs.values()) * sum(facts_qa), "counts": knowledge},
+            "examples": sum(runs.values()) * sum(facts_qa),
+            "counts": knowledge},
     }
+
+
+def train_steps(counts: dict) -> int:
+    """The train steps among `course`'s counts of a notebook's programs."""
+    return sum(n for program, n in counts.items() if "_step" in program and "eval" not in program)
 
 
 def course_work(profile, dtype, chips: int = 1) -> tuple[dict, dict]:
@@ -394,19 +421,28 @@ def count(result: dict) -> dict:
             least, most = seconds[program]
             seconds[program] = least, most + all_reduce_seconds(size, chip, chips)
         host = host_seconds(pipelines, profile_name)
+        # the setup cell once, and again after the restart a protobuf upgrade asks for
+        first, setup = setup_cell["first_run_s"], setup_cell["first_run_s"] + setup_cell["second_run_s"]
+
+        def chip_seconds(notebook, counts):
+            """(least, most) seconds of running `counts`, each train step fed by its pipeline."""
+            fed = {program: host.get(pipeline_of(notebook, program), 0.0) for program in counts}
+            return tuple(sum(n * max(seconds[program][end], fed[program]) for program, n in counts.items())
+                         for end in (0, 1))
+
+        after_02 = course(profile, with_02s_run=True)
         for notebook, plan in course(profile).items():
             counts = plan["counts"]
             fed = {program: host.get(pipeline_of(notebook, program), 0.0) for program in counts}
-            least, most = (sum(n * max(seconds[program][end], fed[program]) for program, n in counts.items())
-                           for end in (0, 1))
+            least, most = chip_seconds(notebook, counts)
             compiling = cpu_compile_s.get(notebook, 0.0) * ratios[chip.platform]
-            # the setup cell once, and again after the restart a protobuf upgrade asks for
-            first, setup = setup_cell["first_run_s"], setup_cell["first_run_s"] + setup_cell["second_run_s"]
             memory = [compiled[program]["memory"] for program in counts if program in compiled]
+            with_02 = chip_seconds(notebook, after_02[notebook]["counts"])
             notebooks[notebook] = {
-                "training_runs": plan["runs"], "decoded_examples": plan["examples"],
-                "train_steps": sum(n for program, n in counts.items() if "_step" in program and "eval" not in program),
+                "training_runs": plan["runs"], "decoded_examples": plan["examples"], "train_steps": train_steps(counts),
                 "minutes": (most + compiling + setup) / 60, "least_minutes": (least + compiling + first) / 60,
+                "with_02s_run": [(with_02[0] + compiling + first) / 60, (with_02[1] + compiling + setup) / 60],
+                "with_02s_run_train_steps": train_steps(after_02[notebook]["counts"]),
                 "compute_minutes": most / 60, "compile_minutes": compiling / 60, "setup_minutes": setup / 60,
                 "chip_minutes": sum(n * seconds[program][1] for program, n in counts.items()) / 60,
                 "host_minutes": sum(n * fed[program] for program, n in counts.items()) / 60,
@@ -414,6 +450,7 @@ def count(result: dict) -> dict:
         total = {key: sum(row[key] for row in notebooks.values())
                  for key in ("minutes", "least_minutes", "compute_minutes", "compile_minutes", "setup_minutes",
                              "chip_minutes", "host_minutes")}
+        total["with_02s_run"] = [sum(row["with_02s_run"][end] for row in notebooks.values()) for end in (0, 1)]
         memory_gb = max(row["memory_gb"] for row in notebooks.values())
         results[name] = {"chip": chip.kind, "chips": chips, "profile": profile_name, "dtype": dtype,
                          "measured_kind": step_cost.measured_kind(chip, dtype), "notebooks": notebooks, **total,

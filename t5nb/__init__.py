@@ -10,7 +10,7 @@ import importlib
 from t5nb.host import tune_host
 
 __version__ = "0.1.0"
-_EXPORTS = {"Profile": "profiles", "choose_profile": "profiles", "get_profile": "profiles", "in_colab": "system", "report": "system"}
+_EXPORTS = {"Profile": "profiles", "choose_profile": "setup_cell", "get_profile": "profiles", "in_colab": "system", "report": "system"}
 __all__ = [*_EXPORTS, "tune_host", "__version__"]
 
 

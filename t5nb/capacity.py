@@ -167,14 +167,24 @@ def run_dirs(profile) -> list:
     """The folders of the runs 06 trains itself, for TensorBoard: each pretraining of
     `pretraining_comparison` and `size_sweep` and its closed-book fine-tuning (not notebook 02's
     run or 04's fine-tuning of it, which a width may reuse), and the memorisation runs' folder."""
-    pretrainings = dict.fromkeys([*((task, profile.ssm_width) for task in PRETRAINING_OBJECTIVES.values()),
-                                  *((PRETRAINING, width) for width in profile.knowledge_widths)])
     folders = []
-    for task, width in pretrainings:
-        _, name, notebook_02s = _pretraining_recipe(profile, task, width)
+    for _, name, notebook_02s in _pretraining_recipes(profile):
         if not notebook_02s:
             folders += [pretraining_dir(profile, name), finetune_dir(profile, QA, name)]
     return folders + [memorisation_dir(profile)]
+
+
+def reuses_notebook_02s_run(profile) -> bool:
+    """Whether one of 06's pretrainings is notebook 02's run (`cpu`: width 128 is T5.1.1-mini),
+    which `workflow.pretrained_checkpoint` then finds, or runs first."""
+    return any(notebook_02s for *_, notebook_02s in _pretraining_recipes(profile))
+
+
+def _pretraining_recipes(profile) -> list:
+    """`_pretraining_recipe` of each pretraining of `pretraining_comparison` and `size_sweep`, once each."""
+    pretrainings = dict.fromkeys([*((task, profile.ssm_width) for task in PRETRAINING_OBJECTIVES.values()),
+                                  *((PRETRAINING, width) for width in profile.knowledge_widths)])
+    return [_pretraining_recipe(profile, task, width) for task, width in pretrainings]
 
 
 def memorisation_dir(profile):

@@ -1,7 +1,7 @@
 """Profiles: one small table that tells every notebook how big to go on this machine.
 
 `T5NB_PROFILE=ci|cpu|accelerator|fp32-gpu|rehearsal` picks one (the setup cell's form field
-does, through `choose_profile`); unset, t5nb looks at the first device JAX has
+does, through `setup_cell.choose_profile`); unset, t5nb looks at the first device JAX has
 (`profile_name_for`). `CHIPS` lists the accelerators the course is sized for: detection, the
 MFU a run reports and bench/accelerator_estimates.py read it; `course_minutes` says how long a
 profile's course takes on this machine.
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from t5nb.paths import REPO_ROOT
-from t5nb.system import keep_compiled_programs, record_headline, time_matmul
+from t5nb.system import time_matmul
 
 ESTIMATES = REPO_ROOT / "bench" / "results" / "accelerator_estimates.json"  # computed for each chip, not measured
 MEASURED = REPO_ROOT / "docs" / "course_results.json"  # `make course` under the cpu profile, measured
@@ -199,18 +199,20 @@ def get_profile(name: str | None = None) -> Profile:
     return PROFILES[name]
 
 
-def course_minutes(name: str, device=None, count: int | None = None) -> tuple[dict, str] | None:
+def course_minutes(name: str, device=None, count: int | None = None, with_02s_run: bool = False
+                   ) -> tuple[dict, str] | None:
     """(least, most) minutes per notebook of profile `name`'s course on `count` devices like
     `device` (default: this machine's), and where they come from; None where nothing was
     measured or estimated.
 
     The `cpu` profile on a CPU: `make course`'s wall times on 2 cores of the slower machine kind
     (`MEASURED`); where the record holds that machine's float32 matmul speed (`matmul_gflops`,
-    which `choose_profile` records under `t5nb course`), from each time as it is to it scaled by
+    which the setup cell records under `t5nb course`), from each time as it is to it scaled by
     how much faster this CPU's matmul runs (`cpu_matmul_flops`): a step is more than matmuls
     (on an Intel Xeon 1.6 times as fast at them, the course took 0.85 of the time, not 0.61).
     A chip of `CHIPS`: bench/accelerator_estimates.py's estimate (`ESTIMATES`) for the profile
-    detection gives that chip, on the setup with the nearest number of chips.
+    detection gives that chip, on the setup with the nearest number of chips: each notebook in a
+    runtime of its own, without notebook 02's run, or `with_02s_run` (found, as in one runtime).
     """
     device = device or jax.devices()[0]
     count = count or jax.device_count()
@@ -238,7 +240,8 @@ def course_minutes(name: str, device=None, count: int | None = None) -> tuple[di
     if not setups:
         return None
     setup_name, setup = min(setups, key=lambda item: abs(item[1]["chips"] - count))
-    return ({notebook: (row["least_minutes"], row["minutes"]) for notebook, row in setup["notebooks"].items()},
+    return ({notebook: tuple(row["with_02s_run"]) if with_02s_run else (row["least_minutes"], row["minutes"])
+             for notebook, row in setup["notebooks"].items()},
             f"estimated for {setup_name} by bench/accelerator_estimates.py (docs/accelerators.md), not measured")
 
 
@@ -250,40 +253,6 @@ def cpu_matmul_flops() -> float:
 
 
 CHOICES = ["detected", "cpu", "accelerator", "fp32-gpu", "ci"]  # the setup cell's form field
-
-
-def choose_profile(name: str = "detected", notebook: str | None = None) -> Profile:
-    """The setup cell's profile: `detected` keeps `T5NB_PROFILE` or detection; another of
-    `PROFILES` is set as `T5NB_PROFILE` for this kernel and what it starts. Keeps the programs
-    this kernel compiles for the next (`system.keep_compiled_programs`), and prints what the
-    profile runs, how long `notebook` (e.g. "02_pretraining") and the whole course take here
-    (`course_minutes`)."""
-    compiled = keep_compiled_programs()
-    name = name.strip().lower()
-    if name != "detected":
-        get_profile(name)  # an unknown name is refused, naming the choices
-        os.environ["T5NB_PROFILE"] = name
-    profile = get_profile()
-    print(f"Profile {profile.name}: {profile.description}\n"
-          f"  {profile.model} ({profile.vocabulary} vocabulary); 02 pretrains on {profile.pretrain_task} for "
-          f"{profile.pretrain_steps:,} steps; 03 fine-tunes on {profile.finetune_task}, 04 on {profile.qa_task}, "
-          f"{profile.finetune_steps:,} steps each")
-    if profile.name == "cpu" and jax.devices()[0].platform == "cpu":  # what `course_minutes` scales by
-        record_headline(matmul_gflops=round(cpu_matmul_flops() / 1e9, 1))
-    minutes = course_minutes(profile.name)
-    if minutes is None:
-        print(f"  no time measured or estimated for this profile on {jax.devices()[0].device_kind}")
-    else:
-        per_notebook, source = minutes
-        if notebook in per_notebook:
-            print(f"  this notebook, {notebook}: {said_minutes(per_notebook[notebook])} on "
-                  f"{jax.devices()[0].device_kind}, its first run")
-        course = tuple(sum(ends) for ends in zip(*per_notebook.values()))
-        print(f"  the course in {said_minutes(course)} ("
-              + ", ".join(f"{key[:2]}: {said_minutes(ends, about='')}" for key, ends in per_notebook.items())
-              + f"), {source}")
-    print(f"  compiled programs are kept in {compiled}: the next notebook loads them instead of compiling")
-    return profile
 
 
 def said_minutes(ends: tuple[float, float], about: str = "about ") -> str:

@@ -13,11 +13,11 @@ from t5nb.trainer import TrainConfig, Trainer
 
 def load_model(model_dir, step: int | None = None, mesh=None):
     """The model of a training run's checkpoint `step` (default: latest), on `mesh`, or of a
-    Hugging Face directory. Returns (model, step); a Hugging Face model is step 0 (or `step`).
-    A warning names any parameter that is not finite."""
-    model_dir = pathlib.Path(model_dir)
-    if checkpoints.model_dir_kind(model_dir) == "hf":
+    Hugging Face directory or repository (`hf://<org>/<repo>`). Returns (model, step); a Hugging
+    Face model is step 0 (or `step`). A warning names any parameter that is not finite."""
+    if checkpoints.checkpoint_kind(model_dir) == "hf":
         return checkpoints.load_hf(model_dir), 0 if step is None else step
+    model_dir = pathlib.Path(model_dir)
     available = checkpoints.require_steps(model_dir, [] if step is None else [step])
     step = available[-1] if step is None else step
     config, train_config = checkpoints.run_config(model_dir)

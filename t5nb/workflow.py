@@ -3,8 +3,8 @@
 Each run is a recipe (`t5nb.recipe`) made from the profile, run by the function `t5nb train`
 runs, which writes it into the run directory: `t5nb train runs/<profile>/<run>/recipe.toml`
 repeats the run outside the notebook. Every notebook runs alone: `pretrained_checkpoint`
-returns the pretraining run that `02_pretraining` leaves under `runs/`, running it first if
-it is absent.
+returns the pretraining run that `02_pretraining` leaves under `runs/` or, where there is none,
+the profile's published checkpoint (or, for a profile without one, 02's pretraining run first).
 """
 import os
 import pathlib
@@ -14,7 +14,8 @@ import numpy as np
 
 from t5nb import adapters, evaluate, tasks
 from t5nb.adapters import FINE_TUNING_METHODS
-from t5nb.checkpoints import checkpoint_steps, is_t5x_checkpoint
+from t5nb.checkpoints import abstract_params, checkpoint_steps, is_t5x_checkpoint
+from t5nb.config import get_config
 from t5nb.profiles import Profile, course_minutes, said_minutes
 from t5nb.recipe import Data, Recipe, Run, make_trainer
 from t5nb.system import record_headline, runs_dir
@@ -91,21 +92,50 @@ def pretrain(profile: Profile, num_steps: int | None = None, trainer: Trainer | 
     return trainer, result
 
 
-def pretrained_checkpoint(profile: Profile, progress: bool = True) -> pathlib.Path:
-    """The profile's finished pretraining run (its directory, which `finetune` takes as
-    `init`), pretraining first if needed, and saying so first: a notebook opened alone then
-    runs notebook 02's pretraining in a cell that reads like a look-up."""
+def pretraining_finished(profile: Profile) -> bool:
+    """Whether notebook 02's pretraining run (`pretraining_dir`) has reached its last step."""
     directory = pretraining_dir(profile)
     steps = checkpoint_steps(directory) if directory.is_dir() else []
-    if not steps or steps[-1] < profile.pretrain_steps:
-        where = f"at step {steps[-1]:,} in" if steps else "not in"
-        minutes = course_minutes(profile.name)
-        how_long = f" ({said_minutes(minutes[0]['02_pretraining'])} from the start: {minutes[1]})" if minutes else ""
-        print(f"Notebook 02's pretraining run is {where} {directory}: running it now to step "
-              f"{profile.pretrain_steps:,}, as notebook 02 does{how_long}; its progress bar follows. On Colab, "
-              "KEEP_RUNS_ON_DRIVE = True in the setup cell keeps it for the other notebooks and later runtimes.")
+    return bool(steps) and steps[-1] >= profile.pretrain_steps
+
+
+def pretrained_checkpoint(profile: Profile, progress: bool = True):
+    """What 03-05 fine-tune as "pretrained": notebook 02's finished run (its directory); where
+    there is none (Colab and Kaggle give each notebook a runtime of its own, which starts with
+    no runs), the profile's published T5.1.1 checkpoint, the one T5X's fine-tuning guide starts
+    from, instead of pretraining again; a profile without one (the facts world's vocabulary,
+    which no published model knows) runs 02's pretraining first. Says which, unless it is 02's
+    run (`instead_of_pretraining`)."""
+    if pretraining_finished(profile):
+        return pretraining_dir(profile)
+    print(instead_of_pretraining(profile))
+    if profile.official_checkpoint:
+        return profile.official_checkpoint
     pretrain(profile, progress=progress)
-    return directory
+    return pretraining_dir(profile)
+
+
+def instead_of_pretraining(profile: Profile) -> str | None:
+    """What `pretrained_checkpoint` does where notebook 02's run is not finished, and for how
+    long, said to a learner; None where it is."""
+    if pretraining_finished(profile):
+        return None
+    directory = pretraining_dir(profile)
+    steps = checkpoint_steps(directory) if directory.is_dir() else []
+    where = f"at step {steps[-1]:,} of {profile.pretrain_steps:,} in" if steps else "not in"
+    if profile.official_checkpoint:
+        shapes = abstract_params(get_config(profile.model))
+        parameters = sum(shape.size for shape in shapes.values())
+        return (f"Notebook 02's pretraining run is {where} {directory}, so this notebook fine-tunes the published "
+                f"{profile.model} ({profile.official_checkpoint}: {parameters / 1e6:.0f}M parameters, "
+                f"{parameters * 4 / 1e9:.2f} GB to download) where it would fine-tune 02's model, as T5X's fine-tuning "
+                f"guide starts from it. To fine-tune your own pretraining, run notebook 02 to its end first in the same "
+                f"runtime, or with KEEP_RUNS_ON_DRIVE = True in both (Colab).")
+    minutes = course_minutes(profile.name)
+    how_long = f" ({said_minutes(minutes[0]['02_pretraining'])} from the start: {minutes[1]})" if minutes else ""
+    return (f"Notebook 02's pretraining run is {where} {directory}: this notebook runs it first, to step "
+            f"{profile.pretrain_steps:,} as notebook 02 does{how_long}, then its own lesson. Running notebook 02 "
+            f"first, with the same runs folder, saves that time.")
 
 
 def finetune_recipe(profile: Profile, task, init, num_steps: int | None = None, name: str = "",
@@ -165,6 +195,35 @@ def finetune_and_evaluate(profile: Profile, task, init, name: str, on_log=None, 
         record_headline(**{name: {**metrics, "final_loss": result.history[-1]["loss"],
                                   "examples": evaluated_examples(result, task)}})
     return trainer, result, metrics
+
+
+# The published checkpoints 03 and 04 fine-tune beside the course's own pretraining: run name ->
+# the profile's field that names it
+PUBLISHED = {"t5_1_1_small": "official_checkpoint", "t5x_t5_1_1_small": "t5x_checkpoint"}
+
+
+def published_checkpoints(profile: Profile, pretrained, names=tuple(PUBLISHED)) -> dict:
+    """{run name: checkpoint} of the published checkpoints `names` that the profile has, but
+    the one `pretrained` is (`pretrained_checkpoint`'s stand-in for 02's run, fine-tuned already)."""
+    checkpoints = {name: getattr(profile, PUBLISHED[name]) for name in names}
+    return {name: checkpoint for name, checkpoint in checkpoints.items()
+            if checkpoint is not None and checkpoint != os.fspath(pretrained)}
+
+
+def finetune_published(profile: Profile, task, pretrained, names=tuple(PUBLISHED)) -> dict:
+    """`finetune_and_evaluate` from each of `published_checkpoints`, printing its metrics, and
+    saying of each other of `names` why it is not fine-tuned here: {run name: metrics}."""
+    runs = published_checkpoints(profile, pretrained, names)
+    for name in names:
+        if getattr(profile, PUBLISHED[name]) is None:
+            print(f"{name}: the {profile.name} profile's vocabulary has no published checkpoint")
+        elif name not in runs:
+            print(f"{name}: fine-tuned above as the pretrained model, since notebook 02's run is not here")
+    metrics = {}
+    for name, checkpoint in runs.items():
+        metrics[name] = finetune_and_evaluate(profile, task, checkpoint, name=name)[2]
+        print(f"fine-tuned from {checkpoint}: {metrics[name]}")
+    return metrics
 
 
 def evaluated_examples(result, task) -> int:
@@ -229,7 +288,8 @@ def teacher_forced_and_decoded(profile: Profile, task, trainer: Trainer, result:
     return forced, decoded
 
 
-__all__ = ["EXAMPLE_QUESTIONS", "FINE_TUNING_METHODS", "TrainResult", "compare_fine_tuning", "feature_lengths", "finetune",
-           "finetune_and_evaluate", "finetune_dir", "finetune_lengths", "finetune_recipe", "pretrain",
-           "pretrained_checkpoint", "pretraining_batches", "pretraining_dir", "pretraining_recipe",
-           "pretraining_trainer", "record_headline", "runs_dir", "sample_efficiency", "teacher_forced_and_decoded"]
+__all__ = ["EXAMPLE_QUESTIONS", "FINE_TUNING_METHODS", "PUBLISHED", "TrainResult", "compare_fine_tuning",
+           "feature_lengths", "finetune", "finetune_and_evaluate", "finetune_dir", "finetune_lengths",
+           "finetune_published", "finetune_recipe", "instead_of_pretraining", "pretrain", "pretrained_checkpoint",
+           "pretraining_batches", "pretraining_dir", "pretraining_finished", "pretraining_recipe", "pretraining_trainer",
+           "published_checkpoints", "record_headline", "runs_dir", "sample_efficiency", "teacher_forced_and_decoded"]

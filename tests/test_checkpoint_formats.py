@@ -32,7 +32,7 @@ import sys
 import numpy as np
 import pytest
 
-from t5nb import checkpoints, remote
+from t5nb import checkpoints, remote, restore
 from standins import flax_params, msgpack_bytes
 from test_model import forward, shift_right, tokens
 
@@ -166,6 +166,8 @@ def test_hub_repository_reads_its_msgpack_through_standins(tmp_path, monkeypatch
     model = checkpoints.load_hf("hf://google/t5-v1_1-small")
     assert fetched == ["hf://google/t5-v1_1-small/config.json", "hf://google/t5-v1_1-small/flax_model.msgpack"]
     assert max_logit_diff(model, "t5.1.1") < TOLERANCE
+    restored, step = restore.load_model("hf://google/t5-v1_1-small")  # 05's span filling, without 02's run
+    assert step == 0 and max_logit_diff(restored, "t5.1.1") < TOLERANCE
     with pytest.raises(remote.SourceUnreachable, match="hf://google/t5-v1_1-base: no stand-in"):
         checkpoints.load_hf("hf://google/t5-v1_1-base")
 

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 
 import t5nb
-from t5nb import profiles
+from t5nb import profiles, setup_cell
 from t5nb.profiles import CHIPS, PROFILES, _read_profiles, detect_profile_name
 
 
@@ -30,7 +30,7 @@ def test_the_setup_cells_profile_field_sets_the_profile_and_says_what_it_runs_an
     import os
 
     monkeypatch.setenv("T5NB_PROFILE", "ci")
-    monkeypatch.setattr(profiles, "keep_compiled_programs", lambda: tmp_path)  # the cache: tests/test_compile_cache.py
+    monkeypatch.setattr(setup_cell, "keep_compiled_programs", lambda: tmp_path)  # the cache: tests/test_compile_cache.py
     # the record's times as they are, not scaled by this machine's matmul speed (the next test scales them)
     unscaled = {notebook: {k: v for k, v in row.items() if k != "matmul_gflops"}
                 for notebook, row in json.loads(profiles.MEASURED.read_text()).items()}
@@ -49,8 +49,8 @@ def test_the_setup_cells_profile_field_sets_the_profile_and_says_what_it_runs_an
     assert f"this notebook, 02_pretraining: about {measured['02_pretraining']['wall_s'] / 60:.0f} min on cpu" in said
     with pytest.raises(ValueError, match="unknown profile 'tpu'"):
         t5nb.choose_profile("tpu")
-    setup_cell = "".join(json.loads((profiles.REPO_ROOT / "notebooks" / "00_setup.ipynb").read_text())["cells"][1]["source"])
-    assert f"#@param {json.dumps(profiles.CHOICES)}" in setup_cell  # the form field offers them all
+    cell = "".join(json.loads((profiles.REPO_ROOT / "notebooks" / "00_setup.ipynb").read_text())["cells"][1]["source"])
+    assert f"#@param {json.dumps(profiles.CHOICES)}" in cell  # the form field offers them all
     assert set(profiles.CHOICES) - {"detected"} <= set(PROFILES)
 
 
@@ -71,7 +71,7 @@ def test_the_measured_times_are_scaled_by_this_cpus_matmul_speed_where_the_recor
     monkeypatch.setenv("T5NB_PROFILE", "cpu")
     monkeypatch.setenv("T5NB_RUNS_DIR", str(tmp_path))
     monkeypatch.setenv("T5NB_NOTEBOOK", "00_setup")  # as `t5nb course` runs it: the speed is recorded
-    monkeypatch.setattr(profiles, "keep_compiled_programs", lambda: tmp_path)
+    monkeypatch.setattr(setup_cell, "keep_compiled_programs", lambda: tmp_path)
     t5nb.choose_profile("detected", "00_setup")
     assert json.loads((tmp_path / "headlines" / "00_setup.json").read_text()) == {"matmul_gflops": 50.0}
     said = capsys.readouterr().out
@@ -95,13 +95,31 @@ def test_on_a_chip_the_setup_cell_prints_the_notebooks_estimated_time(monkeypatc
     monkeypatch.delenv("T5NB_PROFILE", raising=False)
     monkeypatch.setattr("jax.devices", lambda *backend: [CHIPS["t4"].device()])
     monkeypatch.setattr("jax.device_count", lambda *backend: 1)
-    monkeypatch.setattr(profiles, "keep_compiled_programs", lambda: tmp_path)
+    monkeypatch.setattr(setup_cell, "keep_compiled_programs", lambda: tmp_path)
+    monkeypatch.setenv("T5NB_RUNS_DIR", str(tmp_path / "runs"))  # a runtime of its own: no run of 02
     assert t5nb.choose_profile("detected", "03_finetuning").name == "fp32-gpu"
     said = capsys.readouterr().out
-    minutes = json.loads(profiles.ESTIMATES.read_text())["setups"]["Colab T4"]["notebooks"]
-    least, most = round(minutes["03_finetuning"]["least_minutes"]), round(minutes["03_finetuning"]["minutes"])
-    assert f"this notebook, 03_finetuning: about {least}{'' if least == most else f'-{most}'} min on Tesla T4" in said
+    minutes = json.loads(profiles.ESTIMATES.read_text())["setups"]["Colab T4"]["notebooks"]["03_finetuning"]
+
+    def said_range(least, most):
+        return f"about {round(least)}{'' if round(least) == round(most) else f'-{round(most)}'} min"
+
+    assert (f"this notebook, 03_finetuning: {said_range(minutes['least_minutes'], minutes['minutes'])} on Tesla T4, "
+            "its first run (notebook 02's run not found)") in said
     assert "estimated for Colab T4 by bench/accelerator_estimates.py" in said and "not measured" in said
+    assert ("before its lesson: Notebook 02's pretraining run is not in "
+            f"{tmp_path / 'runs' / 'fp32-gpu' / 'pretraining'}, so this notebook fine-tunes the published") in said
+    assert said.index("this notebook, 03") < said.index("before its lesson") < said.index("compiled programs")
+    (tmp_path / "runs" / "fp32-gpu" / "pretraining" / "checkpoints" / "1000").mkdir(parents=True)
+    t5nb.choose_profile("detected", "03_finetuning")
+    said = capsys.readouterr().out
+    assert (f"this notebook, 03_finetuning: {said_range(*minutes['with_02s_run'])} on Tesla T4, its first run "
+            "(notebook 02's run found)") in said
+    assert "before its lesson: nothing: notebook 02's pretraining run is in" in said
+    t5nb.choose_profile("detected", "06_knowledge_capacity")
+    assert "before its lesson: nothing: this notebook trains every model it uses" in capsys.readouterr().out
+    t5nb.choose_profile("detected", "02_pretraining")
+    assert "before its lesson" not in capsys.readouterr().out
 
 
 def test_each_estimated_setup_is_what_its_chip_is_told_and_other_profiles_have_no_estimate():

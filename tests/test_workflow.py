@@ -178,10 +178,33 @@ def test_pretrained_checkpoint_says_first_when_it_must_pretrain(tmp_path, monkey
     profile = t5nb.get_profile("ci")
     assert workflow.pretrained_checkpoint(profile) == workflow.pretraining_dir(profile)
     said = capsys.readouterr().out
-    assert f"Notebook 02's pretraining run is not in {workflow.pretraining_dir(profile)}: running it now" in said
+    assert f"Notebook 02's pretraining run is not in {workflow.pretraining_dir(profile)}: this notebook runs it first" in said
     (workflow.pretraining_dir(profile) / "checkpoints" / str(profile.pretrain_steps // 2)).mkdir(parents=True)
     workflow.pretrained_checkpoint(profile)
-    assert f"is at step {profile.pretrain_steps // 2:,} in" in capsys.readouterr().out
+    assert f"is at step {profile.pretrain_steps // 2:,} of {profile.pretrain_steps:,} in" in capsys.readouterr().out
     (workflow.pretraining_dir(profile) / "checkpoints" / str(profile.pretrain_steps)).mkdir()
-    workflow.pretrained_checkpoint(profile)
+    assert workflow.pretrained_checkpoint(profile) == workflow.pretraining_dir(profile)
     assert capsys.readouterr().out == ""  # finished: nothing to say
+
+
+def test_without_02s_run_a_profile_with_a_published_checkpoint_fine_tunes_it_and_pretrains_nothing(
+        tmp_path, monkeypatch, capsys):
+    """As Colab and Kaggle open a notebook, in a runtime of its own: no run of notebook 02, so the
+    published T5.1.1-small stands in for it (not fine-tuned a second time), said with its size."""
+    monkeypatch.setenv("T5NB_RUNS_DIR", str(tmp_path))
+
+    def pretrain(profile, progress=True):
+        raise AssertionError("pretrained again")
+
+    monkeypatch.setattr(workflow, "pretrain", pretrain)
+    profile = t5nb.get_profile("accelerator")
+    assert workflow.pretrained_checkpoint(profile) == "hf://google/t5-v1_1-small"
+    said = capsys.readouterr().out
+    assert (f"Notebook 02's pretraining run is not in {workflow.pretraining_dir(profile)}, so this notebook fine-tunes "
+            "the published t5.1.1-small (hf://google/t5-v1_1-small: 77M parameters, 0.31 GB to download)") in said
+    assert list(workflow.published_checkpoints(profile, "hf://google/t5-v1_1-small")) == ["t5x_t5_1_1_small"]
+    assert workflow.published_checkpoints(profile, "hf://google/t5-v1_1-small", ("t5_1_1_small",)) == {}
+    (workflow.pretraining_dir(profile) / "checkpoints" / str(profile.pretrain_steps)).mkdir(parents=True)
+    assert workflow.pretrained_checkpoint(profile) == workflow.pretraining_dir(profile)
+    assert list(workflow.published_checkpoints(profile, workflow.pretraining_dir(profile))) == [
+        "t5_1_1_small", "t5x_t5_1_1_small"]
