@@ -8,11 +8,11 @@ Each setup (a chip of `profiles.CHIPS`, and how many: Colab's v5e-1 and T4, Kagg
 `profiles.compute_dtype`). `course` says how often each notebook runs each program under that
 profile; `course_work` traces each program (nothing compiled) and counts its matmul FLOPs, bytes
 and operations; bench/step_cost.py turns those into seconds on the chip at rates measured on
-an H200: a range (the operations' launches overlapping the memory traffic, then not), whose
-upper end the tables show. A train step takes at least its input pipeline's batch on a 2-core
-host (bench/pipeline.py's measurements). Several chips split each batch (data parallel, as
-t5nb's mesh does): each runs its rows with every weight and the whole optimizer update, and the
-upper end adds summing the gradients over their link (`all_reduce_seconds`); the memory shown is
+an H200: one figure, whose error the H200's programs measured (`step_cost.calibrate`, each
+left out of the rates it is estimated with). A train step takes at least its input pipeline's
+batch on a 2-core host (bench/pipeline.py's measurements). Several chips split each batch (data
+parallel, as t5nb's mesh does): each runs its rows with every weight and the whole optimizer
+update, then sums the gradients over their link (`all_reduce_seconds`); the memory shown is
 one chip running the whole batch, an upper bound. Each notebook opens in a runtime of its own:
 it runs the setup cell (bench/setup_cell.py's seconds) and compiles every program it runs
 (bench/compile.py's seconds on a 2-core CPU, `fresh_runtime_compile_seconds`), times how much
@@ -394,17 +394,20 @@ def host_seconds(pipelines: dict, profile_name: str) -> dict:
 
 
 def count(result: dict) -> dict:
-    """`result` with each setup's minutes per notebook, the least and the most (`step_cost.seconds`):
-    its programs' work (`course_work`) at the rates measured on the H200, each train step at
-    least as long as its input pipeline's batch on a 2-core host (`host_seconds`: the host feeds
-    the chips while they run, so a step takes the longer of the two), and compiling:
-    `COMPILE_RESULTS`' seconds in a fresh runtime per notebook (`fresh_runtime_compile_seconds`)
-    times the chip's ratio; and each notebook's setup cell (`SETUP_RESULTS`: its first run, then
-    again after the restart)."""
+    """`result` with each setup's minutes per notebook (`step_cost.seconds`, whose measured error
+    the calibration gives): its programs' work (`course_work`) at the rates measured on the H200,
+    each train step at least as long as its input pipeline's batch on a 2-core host
+    (`host_seconds`: the host feeds the chips while they run, so a step takes the longer of the
+    two), and compiling: `COMPILE_RESULTS`' seconds in a fresh runtime per notebook
+    (`fresh_runtime_compile_seconds`) times the chip's ratio; and each notebook's setup cell
+    (`SETUP_RESULTS`: its first run, then again after the restart). In a runtime of its own
+    (`course`), and with notebook 02's run found (`with_02s_run`)."""
     ratios = {**result["assumptions"]["compile_ratios"], "gpu": round(gpu_compile_ratio(), 2)}
     calibration = step_cost.calibrate()
     setup_cell = json.loads(step_cost.SETUP_RESULTS.read_text())
     pipelines = json.loads(step_cost.PIPELINE_RESULTS.read_text())
+    # the setup cell once, and again after the restart a protobuf upgrade asks for
+    setup = setup_cell["first_run_s"] + setup_cell["second_run_s"]
     works, results = {}, {}
     for name, (chip, chips, profile_name) in setups().items():
         dtype = jnp.dtype(compute_dtype(chip.device())).name
@@ -415,46 +418,34 @@ def count(result: dict) -> dict:
         compiled, notebooks = result["programs"][f"{profile_name} {dtype}"], {}
         cpu_compile_s = fresh_runtime_compile_seconds(profile_name)
         # one run of each program on each of `chips` chips; a train step's gradients summed over
-        # them, where it is not overlapped with the backward pass (the upper end)
+        # them, not overlapped with the backward pass
         seconds = {program: step_cost.seconds(one, chip, dtype, calibration) for program, one in work.items()}
         for program, size in gradients.items():
-            least, most = seconds[program]
-            seconds[program] = least, most + all_reduce_seconds(size, chip, chips)
+            seconds[program] += all_reduce_seconds(size, chip, chips)
         host = host_seconds(pipelines, profile_name)
-        # the setup cell once, and again after the restart a protobuf upgrade asks for
-        first, setup = setup_cell["first_run_s"], setup_cell["first_run_s"] + setup_cell["second_run_s"]
-
-        def chip_seconds(notebook, counts):
-            """(least, most) seconds of running `counts`, each train step fed by its pipeline."""
-            fed = {program: host.get(pipeline_of(notebook, program), 0.0) for program in counts}
-            return tuple(sum(n * max(seconds[program][end], fed[program]) for program, n in counts.items())
-                         for end in (0, 1))
-
         after_02 = course(profile, with_02s_run=True)
         for notebook, plan in course(profile).items():
             counts = plan["counts"]
             fed = {program: host.get(pipeline_of(notebook, program), 0.0) for program in counts}
-            least, most = chip_seconds(notebook, counts)
             compiling = cpu_compile_s.get(notebook, 0.0) * ratios[chip.platform]
             memory = [compiled[program]["memory"] for program in counts if program in compiled]
-            with_02 = chip_seconds(notebook, after_02[notebook]["counts"])
+            compute, with_02 = (sum(n * max(seconds[program], host.get(pipeline_of(notebook, program), 0.0))
+                                    for program, n in runs.items())
+                                for runs in (counts, after_02[notebook]["counts"]))
             notebooks[notebook] = {
                 "training_runs": plan["runs"], "decoded_examples": plan["examples"], "train_steps": train_steps(counts),
-                "minutes": (most + compiling + setup) / 60, "least_minutes": (least + compiling + first) / 60,
-                "with_02s_run": [(with_02[0] + compiling + first) / 60, (with_02[1] + compiling + setup) / 60],
+                "minutes": (compute + compiling + setup) / 60, "with_02s_run": (with_02 + compiling + setup) / 60,
                 "with_02s_run_train_steps": train_steps(after_02[notebook]["counts"]),
-                "compute_minutes": most / 60, "compile_minutes": compiling / 60, "setup_minutes": setup / 60,
-                "chip_minutes": sum(n * seconds[program][1] for program, n in counts.items()) / 60,
+                "compute_minutes": compute / 60, "compile_minutes": compiling / 60, "setup_minutes": setup / 60,
+                "chip_minutes": sum(n * seconds[program] for program, n in counts.items()) / 60,
                 "host_minutes": sum(n * fed[program] for program, n in counts.items()) / 60,
                 "memory_gb": max(memory, default=0) / 1e9}
         total = {key: sum(row[key] for row in notebooks.values())
-                 for key in ("minutes", "least_minutes", "compute_minutes", "compile_minutes", "setup_minutes",
+                 for key in ("minutes", "with_02s_run", "compute_minutes", "compile_minutes", "setup_minutes",
                              "chip_minutes", "host_minutes")}
-        total["with_02s_run"] = [sum(row["with_02s_run"][end] for row in notebooks.values()) for end in (0, 1)]
         memory_gb = max(row["memory_gb"] for row in notebooks.values())
         results[name] = {"chip": chip.kind, "chips": chips, "profile": profile_name, "dtype": dtype,
-                         "measured_kind": step_cost.measured_kind(chip, dtype), "notebooks": notebooks, **total,
-                         "seconds_per_run": {program: list(ends) for program, ends in seconds.items()},
+                         "notebooks": notebooks, **total, "seconds_per_run": seconds,
                          "memory_gb": memory_gb, "fits_in_memory": memory_gb * 1e9 <= chip.memory}
     compile_results = json.loads(COMPILE_RESULTS.read_text())
     return {**result, "counted": {"date": datetime.date.today().isoformat(), "commit": commit(),
@@ -509,9 +500,10 @@ def main():
     print(f"\ncompiled for {result['compiled_for']} in {result['bench_seconds']} s; rates measured on an "
           f"{calibration['measured_on']}: matmuls at {calibration['matmul_efficiency']:.1%} of the peak, the counted "
           f"bytes at {calibration['bandwidth_efficiency']:.2f} x the bandwidth, "
-          f"{calibration['seconds_per_operation'] * 1e6:.2f} us per other operation; measured against the range: "
-          + ", ".join(f"{name} {1e3 * row['measured_s']:.1f} ms in {1e3 * row['least_s']:.1f}-{1e3 * row['most_s']:.1f}"
-                      for name, row in calibration["given_back"].items())
+          f"{calibration['seconds_per_operation'] * 1e6:.2f} us per other operation; measured against the estimate, "
+          "each program left out of the rates it is estimated with: "
+          + ", ".join(f"{name} {1e3 * row['measured_s']:.1f} ms against {1e3 * row['estimate_s']:.1f}"
+                      for name, row in calibration["leave_one_out"].items())
           + f"; compiling {result['assumptions']['compile_ratios']} times this CPU's {COMPILE_RESULTS.name}")
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")

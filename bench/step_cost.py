@@ -9,16 +9,15 @@ A program's jaxpr (what JAX traces, before XLA fuses anything) is counted (`coun
 A scan's body counts as many times as it loops, a while loop's as many times as the caller says
 (decoding: one per new token, the most it runs).
 
-Its time on a chip (`seconds`) is a range:
+Its time on a chip (`seconds`) is one figure:
 
-    matmul = matmul_flops / (peak x matmul_efficiency)
-    least  = matmul + max(bytes / (bandwidth x bandwidth_efficiency), operations x seconds_per_operation)
-    most   = matmul + bytes / (bandwidth x bandwidth_efficiency) + operations x seconds_per_operation
+    seconds = matmul_flops / (peak x matmul_efficiency)
+              + bytes / (bandwidth x bandwidth_efficiency) + operations x seconds_per_operation
 
 the peak the data sheet's in the program's dtype (`Chip.peak`), never above a public measurement
-of the chip's matmul rate (`MEASURED_MATMUL_RATES`), the bandwidth its memory's: the least where
-launching the operations overlaps their memory traffic, the most where it does not. Each rate is
-measured on an H200 (`calibrate`), none fitted:
+of the chip's matmul rate (`MEASURED_MATMUL_RATES`), the bandwidth its memory's: launching the
+operations not overlapped with their memory traffic, so a program that gave a rate is estimated
+above its measured time. Each rate is measured on an H200 (`calibrate`), none fitted:
 - `matmul_efficiency`: the share of the peak its matmul kernels reach in T5.1.1-small's bfloat16
   train step (the analytic FLOPs over the matmul kernels' time, bench/step_profile.py's profile);
 - `bandwidth_efficiency`: that train step's measured time less its matmuls, over its counted
@@ -27,10 +26,12 @@ measured on an H200 (`calibrate`), none fitted:
 - `seconds_per_operation`: greedy decoding of 8 rows, which launches 50,000 small kernels and
   moves little: its measured time less its matmuls, over its operations.
 The other measured programs (-base's train step, -small's in float32 as TF32, decoding 64 rows)
-are out of sample: `calibrate` gives each its range beside its time, and leaves out each of the
+are out of sample: `calibrate` gives each its estimate beside its time, and leaves out each of the
 two that gave a rate in turn, the rate then coming from the other program of its kind
 (`RATE_FROM`: the bandwidth from -base's step, the time per operation from decoding 64 rows).
+Those five out-of-sample times over their estimates are the estimate's measured error (`error`).
 """
+import ast
 import dataclasses
 import hashlib
 import json
@@ -68,13 +69,13 @@ USED = {programs[0]: rate for rate, programs in RATE_FROM.items()}  # the rest: 
 COMPILE_RESULTS, GPU_COMPILE_RESULTS = RESULTS / "compile.json", RESULTS / "compile-h200.json"
 PIPELINE_RESULTS = RESULTS / "pipeline.json"  # bench/pipeline.py's seconds per batch on 2 cores
 SETUP_RESULTS = RESULTS / "setup_cell.json"  # bench/setup_cell.py's seconds of a hosted notebook's setup cell
-# what bench/accelerator_estimates.py's estimate is counted from: the programs it traces (t5nb's
-# code and profiles), the method, and the measurements it reads; `made_from` digests them, the
-# estimate records the digest, and tests/test_estimates.py holds the committed one to today's files
-ESTIMATE_INPUTS = (*sorted((BENCH.parent / "t5nb").rglob("*.py")), BENCH.parent / "t5nb" / "profiles.toml",
-                   *(BENCH / name for name in ("step_cost.py", "accelerator_estimates.py", "programs.py")),
-                   COMPILE_RESULTS, GPU_COMPILE_RESULTS, PIPELINE_RESULTS, SETUP_RESULTS, GPU_RESULTS, PROFILED_RESULTS,
-                   PROFILE_RESULTS)
+# What bench/accelerator_estimates.py's estimate is counted from: the code that builds the programs
+# it traces (the scripts and the t5nb modules they import, `estimate_code`), the profiles, the lock
+# whose jax and flax trace them, and the measurements it reads. `made_from` digests them, the
+# estimate records the digest, and tests/test_estimates.py holds the committed one to today's.
+ESTIMATE_SCRIPTS = tuple(BENCH / name for name in ("step_cost.py", "accelerator_estimates.py", "programs.py"))
+ESTIMATE_FILES = (BENCH.parent / "t5nb" / "profiles.toml", BENCH.parent / "requirements" / "base.lock", COMPILE_RESULTS,
+                  GPU_COMPILE_RESULTS, PIPELINE_RESULTS, SETUP_RESULTS, GPU_RESULTS, PROFILED_RESULTS, PROFILE_RESULTS)
 # what JAX's jaxpr holds that XLA does not run as work of its own: shape changes and broadcasts
 # (fused into their users), control flow and calls (their bodies are counted), random keys
 NOT_WORK = {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "iota", "pjit", "jit", "closed_call", "remat",
@@ -84,12 +85,48 @@ NOT_WORK = {"reshape", "squeeze", "expand_dims", "broadcast_in_dim", "iota", "pj
 
 
 def made_from() -> str:
-    """SHA-256 of `ESTIMATE_INPUTS`, each file's path (from the repository root) and bytes."""
+    """SHA-256 of what the estimate is counted from: each file's path (from the repository root),
+    then the code of `estimate_code` as Python's parser reads it (comments and docstrings left
+    out: they change no program), or the bytes of each of `ESTIMATE_FILES`."""
     digest = hashlib.sha256()
-    for path in ESTIMATE_INPUTS:
+    for path in (*estimate_code(), *ESTIMATE_FILES):
         digest.update(f"{path.relative_to(BENCH.parent)}\n".encode())
-        digest.update(path.read_bytes())
+        digest.update(_code(path).encode() if path.suffix == ".py" else path.read_bytes())
     return digest.hexdigest()
+
+
+def estimate_code() -> list:
+    """`ESTIMATE_SCRIPTS` and every t5nb module they import, directly or through one another
+    (imports inside functions too), in a fixed order."""
+    package = BENCH.parent / "t5nb"
+    found, todo = set(), list(ESTIMATE_SCRIPTS)
+    while todo:
+        path = todo.pop()
+        if path in found:
+            continue
+        found.add(path)
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                     [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+                     if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            for name in names:
+                if name.split(".")[0] == "t5nb":
+                    module = package.joinpath(*name.split(".")[1:])
+                    todo += [candidate for candidate in (module.with_suffix(".py"), module / "__init__.py")
+                             if candidate.is_file()]
+    return sorted(found)
+
+
+def _code(path: pathlib.Path) -> str:
+    """The module at `path` as parsed, without its docstrings: what runs."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
 
 @dataclasses.dataclass
@@ -198,10 +235,11 @@ def measured_programs(phases: dict) -> dict:
 
 
 def calibrate() -> dict:
-    """The three rates, each from one H200 measurement (see the module's docstring), and the range
-    they give each measured program beside its time: two of them gave a rate, the other three
-    are out of sample; then each program's range with the rates measured without it
-    (`leave_one_out`)."""
+    """The three rates, each from one H200 measurement (see the module's docstring), and the
+    estimate they give each measured program beside its time: two of them gave a rate, the other
+    three are out of sample; then each program's estimate with the rates measured without it
+    (`leave_one_out`), and the `error`: the least and most of measured over estimated seconds,
+    out of sample."""
     phases = json.loads(GPU_RESULTS.read_text())["phases"]
     programs = measured_programs(phases)
     chip = chip_of(types.SimpleNamespace(device_kind=phases["train-small"]["device"]))
@@ -211,40 +249,38 @@ def calibrate() -> dict:
     rates = rates_from(programs, chip, matmul_efficiency)
     given_back, leave_one_out = {}, {}
     for name, (work, dtype, measured) in programs.items():
-        least, most = seconds(work, chip, dtype, rates)
-        given_back[name] = {"measured_s": measured, "least_s": least, "most_s": most,
+        given_back[name] = {"measured_s": measured, "estimate_s": seconds(work, chip, dtype, rates),
                             "gave": USED.get(name, "nothing: out of sample")}
-        without = rates_from(programs, chip, matmul_efficiency, left_out=name)
-        least, most = seconds(work, chip, dtype, without)
-        leave_one_out[name] = {"measured_s": measured, "least_s": least, "most_s": most,
+        without = rates if name not in USED else rates_from(programs, chip, matmul_efficiency, left_out=name)
+        leave_one_out[name] = {"measured_s": measured, "estimate_s": seconds(work, chip, dtype, without),
                                "rates_from": {rate: measured_by(rate, left_out=name) for rate in RATE_FROM}}
+    ratios = [row["measured_s"] / row["estimate_s"] for row in leave_one_out.values()]
     return {"measured_on": chip.kind, "file": GPU_RESULTS.name, "profile_file": PROFILE_RESULTS.name, **rates,
-            "given_back": given_back, "leave_one_out": leave_one_out}
+            "given_back": given_back, "leave_one_out": leave_one_out, "error": [min(ratios), max(ratios)]}
 
 
 def rates_from(programs: dict, chip, matmul_efficiency: float, left_out: str | None = None) -> dict:
     """The rates, the matmuls' at `matmul_efficiency` and each of the others from its measured
     program (`RATE_FROM`), or from the other of its kind where that one is `left_out`: the
-    program's measured seconds less its matmuls', over its bytes or its operations."""
+    program's measured seconds less its matmuls', over its bytes (`BY_WORK`) or its operations."""
     rates = {"matmul_efficiency": matmul_efficiency}
-    for rate in RATE_FROM:
+    for rate, (field, per) in BY_WORK.items():
         work, dtype, measured = programs[measured_by(rate, left_out)]
         rest_s = measured - work.matmul_flops / matmul_rate(chip, dtype, rates)
-        rates[rate] = (work.bytes / (chip.bandwidth * rest_s) if rate == "bandwidth_efficiency"
-                       else rest_s / work.operations)
+        rates[rate] = per(getattr(work, field), rest_s, chip)
     return rates
+
+
+# Each rate from its program's seconds beyond the matmuls: the counted bytes moved at it times the
+# memory's bandwidth, or each operation taking it
+BY_WORK = {"bandwidth_efficiency": ("bytes", lambda counted, rest_s, chip: counted / (chip.bandwidth * rest_s)),
+           "seconds_per_operation": ("operations", lambda counted, rest_s, chip: rest_s / counted)}
 
 
 def measured_by(rate: str, left_out: str | None = None) -> str:
     """The measured program `rate` comes from (`RATE_FROM`), the other of its kind where that one is `left_out`."""
     first, other = RATE_FROM[rate]
     return other if first == left_out else first
-
-
-def measured_kind(chip, dtype: str) -> bool:
-    """Whether `chip` computes `dtype` as the H200 did when measured: an NVIDIA GPU's tensor cores
-    in bfloat16 or TF32. Not a TPU, nor float32 on a GPU without TF32 (its CUDA cores)."""
-    return chip.platform == "gpu" and chip.peak_format(dtype) in ("bfloat16", "tf32")
 
 
 def matmul_rate(chip, dtype: str, rates: dict) -> float:
@@ -254,10 +290,9 @@ def matmul_rate(chip, dtype: str, rates: dict) -> float:
     return min(assumed, MEASURED_MATMUL_RATES.get((chip.kind, jnp.dtype(dtype).name), assumed))
 
 
-def seconds(work: Work, chip, dtype: str, rates: dict) -> tuple[float, float]:
-    """(least, most) seconds of `work` computing in `dtype` on `chip` at the measured `rates`: the
-    operations' launches overlapping the memory traffic, then not."""
-    matmul = work.matmul_flops / matmul_rate(chip, dtype, rates)
-    memory = work.bytes / (chip.bandwidth * rates["bandwidth_efficiency"])
-    operations = work.operations * rates["seconds_per_operation"]
-    return matmul + max(memory, operations), matmul + memory + operations
+def seconds(work: Work, chip, dtype: str, rates: dict) -> float:
+    """Seconds of `work` computing in `dtype` on `chip` at the measured `rates`: its matmuls, its
+    bytes and its operations' launches one after another."""
+    return (work.matmul_flops / matmul_rate(chip, dtype, rates)
+            + work.bytes / (chip.bandwidth * rates["bandwidth_efficiency"])
+            + work.operations * rates["seconds_per_operation"])

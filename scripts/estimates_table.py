@@ -6,8 +6,8 @@ rewrites, from bench/results/accelerator_estimates.json, the table between the `
 markers of docs/accelerators.md (every setup, by notebook) and the one between the `chip-table`
 markers of README.md (each setup's profile and course time). tests/test_readme.py fails when a
 table and the JSON disagree. It reads only each setup's `profile`, `dtype`,
-`minutes`, `least_minutes`, `with_02s_run`, `compile_minutes`, `memory_gb`, `fits_in_memory` and
-its notebooks' `minutes` (the upper end of each estimate). The minutes are each notebook's in a
+`minutes`, `with_02s_run`, `compile_minutes`, `memory_gb`, `fits_in_memory` and its notebooks'
+`minutes`. The minutes are each notebook's in a
 runtime of its own, as Colab and Kaggle open them (no run of notebook 02 found); `with_02s_run`,
 the course's with 02's run found, as in one runtime or with runs kept on Drive.
 """
@@ -30,14 +30,8 @@ def span(result: dict) -> str:
     return f"{names[0][:2]}-{names[-1][:2]}"
 
 
-def _range(least: float, most: float) -> str:
-    """Minutes, least-most (one number where the two round alike)."""
-    least, most = f"{least:.0f}", f"{most:.0f}"
-    return most if least == most else f"{least}-{most}"
-
-
 def table(result: dict) -> str:
-    """docs/accelerators.md's table: a row per setup, minutes per notebook (the upper end)."""
+    """docs/accelerators.md's table: a row per setup, minutes per notebook."""
     names = _notebooks(result)
     lines = ["| setup | profile | dtype | " + " | ".join(f"{name[:2]} min" for name in names)
              + " | **course min** | of it compiling | course min, 02's run found | GB per chip |",
@@ -45,8 +39,7 @@ def table(result: dict) -> str:
     for name, row in result["setups"].items():
         minutes = " | ".join(f"{row['notebooks'][notebook]['minutes']:.1f}" for notebook in names)
         lines.append(f"| {name} | `{row['profile']}` | {row['dtype']} | {minutes} | "
-                     f"**{_range(row['least_minutes'], row['minutes'])}** | {row['compile_minutes']:.0f} | "
-                     f"{_range(*row['with_02s_run'])} | "
+                     f"**{row['minutes']:.0f}** | {row['compile_minutes']:.0f} | {row['with_02s_run']:.0f} | "
                      f"{row['memory_gb']:.1f}{'' if row['fits_in_memory'] else ' (too much)'} |")
     return "\n".join(lines)
 
@@ -59,11 +52,10 @@ def chip_table(result: dict) -> str:
              "|---|---|---|---:|---:|---:|---:|"]
     for name, row in result["setups"].items():
         longest = max(row["notebooks"], key=lambda notebook: row["notebooks"][notebook]["minutes"])
-        lines.append(f"| {name} | `{row['profile']}` | {row['dtype']} | {_range(row['least_minutes'], row['minutes'])} "
-                     "min, estimated"
+        lines.append(f"| {name} | `{row['profile']}` | {row['dtype']} | {row['minutes']:.0f} min, estimated"
                      f"{'' if row['fits_in_memory'] else ' (does not fit its memory)'} | "
                      f"{longest[:2]}: {row['notebooks'][longest]['minutes']:.0f} min | "
-                     f"{row['compile_minutes']:.0f} min | {_range(*row['with_02s_run'])} min |")
+                     f"{row['compile_minutes']:.0f} min | {row['with_02s_run']:.0f} min |")
     return "\n".join(lines)
 
 

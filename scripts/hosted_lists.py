@@ -15,14 +15,15 @@ list is that resolution, of the lines t5nb's tree shares, for the image's Python
 Read the diff, then run `make test`: it runs the course on the new lists.
 """
 import pathlib
-import re
 import subprocess
 import sys
 import tempfile
 import textwrap
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-PYTHON = {"colab": "3.13", "kaggle_tpu": "3.12"}  # tests/hosted_stacks.py's RUNTIMES use the same
+sys.path.insert(0, str(ROOT / "tests"))
+import hosted_stacks  # noqa: E402  (tests/hosted_stacks.py: each runtime's Python and list)
+
 # the lines of Kaggle's tpu/requirements.in (and tpu/config.txt's pins) that t5nb's tree shares
 KAGGLE_TPU_IN = ["tensorflow-cpu==2.20.0", "tensorflow_datasets", "jax==0.7.2", "jaxlib==0.7.2", "flax", "optax",
                  "ipywidgets", "ipykernel", "matplotlib", "pandas", "pyarrow"]
@@ -55,38 +56,33 @@ def _comment(paragraph: str) -> str:
     return "".join(f"# {line}\n" for line in textwrap.wrap(" ".join(paragraph.split()), 96, break_on_hyphens=False))
 
 
-def _names(path: pathlib.Path) -> dict:
-    """{normalised name: line} of a requirements file's `name==version` lines."""
-    return {re.sub(r"[-_.]+", "-", line.split("==")[0]).lower(): line.strip()
-            for line in path.read_text().splitlines() if "==" in line and not line.startswith("#")}
-
-
 def compile_list(runtime: str, *args: str) -> str:
     """The runtime's pinned packages, one `name==version` a line."""
+    python = hosted_stacks.RUNTIMES[runtime][0]
     with tempfile.TemporaryDirectory() as folder:
         wanted, extra = pathlib.Path(folder) / "wanted.in", []
         if runtime == "colab":
             freeze, date, source = args
-            preinstalled = _names(pathlib.Path(freeze))
-            lock = _names(ROOT / "requirements" / "base.lock")
+            preinstalled = hosted_stacks.pins(pathlib.Path(freeze))
+            lock = hosted_stacks.pins(ROOT / "requirements" / "base.lock")
             wanted.write_text("\n".join(name for name in lock if name in preinstalled) + "\n")
             constraints = pathlib.Path(folder) / "freeze.txt"
-            constraints.write_text("\n".join(preinstalled.values()) + "\n")
+            constraints.write_text("\n".join(f"{name}=={version}" for name, version in preinstalled.items()) + "\n")
             extra = ["--constraint", str(constraints)]
         else:
             date, source = args
             wanted.write_text("\n".join(KAGGLE_TPU_IN) + "\n")
             extra = ["--exclude-newer", date]
         result = subprocess.run([sys.executable, "-m", "uv", "pip", "compile", "-q", "--no-header", "--no-annotate",
-                                 "--python-version", PYTHON[runtime], *extra, str(wanted)],
+                                 "--python-version", python, *extra, str(wanted)],
                                 capture_output=True, text=True, check=True)
     pinned = result.stdout.splitlines()
     if runtime == "colab":  # what a package declares and Colab lacks stays out: Colab's own state
-        pinned = [line for line in pinned if re.sub(r"[-_.]+", "-", line.split("==")[0]).lower() in preinstalled]
-    header = HEADERS[runtime].format(python=PYTHON[runtime], date=date, source=source, lines=", ".join(KAGGLE_TPU_IN))
+        pinned = [line for line in pinned if hosted_stacks.normalised(line.split("==")[0]) in preinstalled]
+    header = HEADERS[runtime].format(python=python, date=date, source=source, lines=", ".join(KAGGLE_TPU_IN))
     return _comment(header) + "\n".join(pinned) + "\n"
 
 
 if __name__ == "__main__":
     runtime = sys.argv[1]
-    (ROOT / "requirements" / f"{runtime}.txt").write_text(compile_list(runtime, *sys.argv[2:]))
+    (ROOT / hosted_stacks.RUNTIMES[runtime][1]).write_text(compile_list(runtime, *sys.argv[2:]))

@@ -56,8 +56,10 @@ class Precision:
     beyond the half unit a correctly rounded answer is off, is accepted and told the value to
     those figures: working from values as the notebook prints them (rounded) moves an answer by
     up to a quarter of a unit (tests/test_exercises.py holds every exercise to this, with the
-    printed values), which near a rounding boundary can change the last figure. An answer a
-    whole unit off (0.30 where 0.3078 rounds to 0.31) is refused."""
+    printed values), which near a rounding boundary can change the last figure. One farther off
+    than that, three quarters of a unit at the default slack, is refused: where the value is
+    0.306 (0.31 to 2 significant figures), 0.30 (0.6 of a unit off) is accepted; where it is
+    0.3078, 0.30 (0.78 off) is refused."""
     figures: int | None = None
     places: int | None = None
     slack: float = 0.25  # in units of the last figure asked for

@@ -3,9 +3,7 @@ import contextlib
 import contextvars
 import functools
 import operator
-import re
 
-import flax
 import jax
 import numpy as np
 from flax import nnx
@@ -32,9 +30,15 @@ STANDARD_RULES = standard_rules()
 # that differs across the flax versions t5nb runs on: flax 0.12.4 renamed it from `sharding_names`
 # to `out_sharding`, and each version's partitioning (`nnx.get_partition_spec`) reads only its own
 # name (Colab's runtime has 0.11.2, Kaggle's TPU image 0.12.0, requirements/base.lock 0.12.8).
-# t5nb writes and reads the names only through `axes_metadata` and `logical_axes`.
-_FLAX_VERSION = tuple(map(int, re.findall(r"\d+", flax.__version__)[:3]))
-_AXES_FIELD = "out_sharding" if _FLAX_VERSION >= (0, 12, 4) else "sharding_names"
+# t5nb writes and reads the names only through `axes_metadata` and `logical_axes`, in the field
+# the installed flax names itself.
+def _axes_field() -> str:
+    """The metadata field the installed flax's `nnx.with_partitioning` puts logical axis names in."""
+    probe = nnx.with_partitioning(lambda: None, ("axes",))()
+    return next(name for name, value in probe.metadata.items() if value == ("axes",))
+
+
+_AXES_FIELD = _axes_field()
 
 
 def axes_metadata(axes) -> dict:

@@ -211,8 +211,9 @@ def course_minutes(name: str, device=None, count: int | None = None, with_02s_ru
     how much faster this CPU's matmul runs (`cpu_matmul_flops`): a step is more than matmuls
     (on an Intel Xeon 1.6 times as fast at them, the course took 0.85 of the time, not 0.61).
     A chip of `CHIPS`: bench/accelerator_estimates.py's estimate (`ESTIMATES`) for the profile
-    detection gives that chip, on the setup with the nearest number of chips: each notebook in a
-    runtime of its own, without notebook 02's run, or `with_02s_run` (found, as in one runtime).
+    detection gives that chip, on the setup with the nearest number of chips: one figure (least
+    and most alike), its measured error said with it; each notebook in a runtime of its own,
+    without notebook 02's run, or `with_02s_run` (found, as in one runtime).
     """
     device = device or jax.devices()[0]
     count = count or jax.device_count()
@@ -235,14 +236,16 @@ def course_minutes(name: str, device=None, count: int | None = None, with_02s_ru
     chip = chip_of(device)
     if chip is None or name != profile_name_for(device) or not ESTIMATES.is_file():
         return None
-    setups = [(setup_name, setup) for setup_name, setup in json.loads(ESTIMATES.read_text())["setups"].items()
-              if setup["chip"] == chip.kind]
+    estimates = json.loads(ESTIMATES.read_text())
+    setups = [(setup_name, setup) for setup_name, setup in estimates["setups"].items() if setup["chip"] == chip.kind]
     if not setups:
         return None
     setup_name, setup = min(setups, key=lambda item: abs(item[1]["chips"] - count))
-    return ({notebook: tuple(row["with_02s_run"]) if with_02s_run else (row["least_minutes"], row["minutes"])
+    below, above = (1 - ratio for ratio in estimates["assumptions"]["calibration"]["error"])
+    return ({notebook: (row["with_02s_run" if with_02s_run else "minutes"],) * 2
              for notebook, row in setup["notebooks"].items()},
-            f"estimated for {setup_name} by bench/accelerator_estimates.py (docs/accelerators.md), not measured")
+            f"estimated for {setup_name} by bench/accelerator_estimates.py (docs/accelerators.md), not measured: "
+            f"the programs an H200 ran took {below:.0%} less to {-above:.0%} more than such estimates")
 
 
 @functools.cache

@@ -58,9 +58,10 @@ def tensorboard(*logdirs, height: int = 560) -> None:
     Colab and in Jupyter. Start it before training: its server rereads the logs every 5 s, even
     of runs that do not exist yet, and its page shows what they held when it loaded, until its
     ⟳ button (or "Reload data" in its settings) brings in the rest (TensorBoard 2.21, in
-    Chromium); the still under it is redrawn after each cell that logs (the last call's only: a
-    rerun of the cell replaces the earlier one's redraw). A server this call starts stops when
-    the kernel exits; one already serving the same runs is reused.
+    Chromium); the still under it is redrawn after each cell that logs (the last call's only:
+    any later call, a rerun of this cell or another cell's, takes over the redraw, and the
+    earlier still keeps what it last showed). A server this call starts stops when the kernel
+    exits; one already serving the same runs is reused.
 
     Where no one sees the notebook (headless runs: `make test` runs every notebook twice),
     `T5NB_TENSORBOARD=0` starts no server and prints the command that shows the runs: a server
@@ -98,7 +99,7 @@ _REDRAWN = []  # the still whose redraw `tensorboard` registered last
 
 def _redraw_after_each_cell(events, still) -> None:
     """`still` redrawn after each cell (IPython's `post_run_cell`), in place of the still of the
-    call before: a rerun of the cell has replaced that one's output."""
+    call before, whichever cell made it."""
     for earlier in _REDRAWN:
         if earlier in events.callbacks["post_run_cell"]:
             events.unregister("post_run_cell", earlier)

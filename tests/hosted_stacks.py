@@ -96,9 +96,20 @@ def add_test_tools(python: str) -> None:
     _uv_install(python, pathlib.Path(python).parents[1], *(f"{name}=={lock[name]}" for name in TEST_TOOLS))
 
 
+def pip_sources(env: dict) -> list:
+    """uv's options for the package sources pip's settings in `env` name (a mirror, a folder of
+    wheels), which uv does not read: an option for each whitespace-separated entry, as the Makefile
+    passes PIP_FIND_LINKS."""
+    options = {"PIP_INDEX_URL": "--index-url", "PIP_EXTRA_INDEX_URL": "--extra-index-url",
+               "PIP_FIND_LINKS": "--find-links"}
+    return [arg for variable, option in options.items() for entry in env.get(variable, "").split()
+            for arg in (option, entry)]
+
+
 def _uv_install(python: str, venv: pathlib.Path, *requirements) -> None:
-    subprocess.run([sys.executable, "-m", "uv", "pip", "install", "-q", "--python", python, "--no-deps", *requirements],
-                   check=True, env=environment(venv))
+    env = environment(venv)
+    subprocess.run([sys.executable, "-m", "uv", "pip", "install", "-q", "--python", python, "--no-deps",
+                    *pip_sources(env), *requirements], check=True, env=env)
 
 
 def build(runtime: str, venv: pathlib.Path) -> str:

@@ -68,20 +68,31 @@ def kill_left(processes: dict) -> None:
         time.sleep(0.05)
 
 
+def wait_unreaped(server: subprocess.Popen, timeout: float) -> None:
+    """Waits until `server` has exited, up to `timeout` s, leaving it for Popen to reap: until then
+    its pid and process group id stay its own (a zombie's), never another process's."""
+    deadline = time.monotonic() + timeout
+    while (os.waitid(os.P_PID, server.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+           and time.monotonic() < deadline):
+        time.sleep(0.05)
+
+
 def stop(server: subprocess.Popen) -> None:
     """SIGTERM to the process group of `server` (make's and JupyterLab's: JupyterLab shuts its
     kernels down, each kernel its TensorBoard); once it has exited, or after a minute, SIGKILL to
     the group and to every process that was below it when this began (the kernels, in process groups
-    of their own, and their TensorBoards), whichever are left."""
+    of their own, and their TensorBoards), whichever are left; then Popen reaps it. A server Popen
+    has already reaped (`serving` polls it) is left alone: its pid may be another process's now."""
+    if server.returncode is not None:
+        return
     started = descendants(server.pid)
-    with contextlib.suppress(ProcessLookupError):  # no process left in the group: make and JupyterLab had exited
-        os.killpg(server.pid, signal.SIGTERM)
+    os.killpg(server.pid, signal.SIGTERM)
     try:
-        server.wait(timeout=60)
+        wait_unreaped(server, timeout=60)
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pid, signal.SIGKILL)
+        os.killpg(server.pid, signal.SIGKILL)
         kill_left(started)
+        server.wait()
 
 
 def accepts(url: str, token: str, timeout: float) -> bool:

@@ -50,3 +50,42 @@ def test_a_full_disk_is_said_once_however_late_the_other_writes_of_the_save_fail
     del checkpoints
     gc.collect()  # where a task left unfinished or unretrieved is logged
     assert [record.getMessage() for record in caplog.records if record.name == "asyncio"] == []
+
+
+def test_a_failed_saves_teardown_never_hides_its_error(monkeypatch):
+    """Where asyncio cannot copy its tasks (another thread changed its set of eager tasks, Python
+    3.12+), the teardown asks again, and where it never can, the save's own error is raised."""
+    calls = []
+
+    def all_tasks(*_):
+        calls.append(1)
+        raise RuntimeError("Set changed size during iteration")
+
+    async def failing():
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(asyncio, "all_tasks", all_tasks)
+    with pytest.raises(OSError, match="No space left on device"):
+        asyncio.new_event_loop().run_until_complete(runs._ending_its_tasks(failing()))
+    assert len(calls) == 100
+
+
+def test_where_a_loop_runs_orbax_runs_the_coroutine_as_it_would(monkeypatch):
+    """In a running loop (a notebook's), the wrapper hands orbax's `run_sync` the coroutine itself;
+    without one, wrapped so that a failure ends the loop's other tasks first."""
+    handed = []
+    run = runs._in_a_loop_of_its_own(lambda coro: handed.append(coro) or coro.close())
+
+    async def work():
+        return 1
+
+    async def in_a_loop():
+        coro = work()
+        run(coro)
+        return coro
+
+    assert handed == [asyncio.run(in_a_loop())]
+    coro = work()
+    run(coro)
+    assert handed[-1] is not coro and handed[-1].cr_code is runs._ending_its_tasks.__code__
+    coro.close()

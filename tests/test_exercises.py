@@ -150,13 +150,27 @@ def test_a_check_says_when_it_checked_the_solution_cells_answer(capsys):
 
 
 def test_an_answer_a_unit_off_in_the_last_figure_is_refused(capsys):
-    """0.3078 GB is 0.31 to 2 significant figures: 0.30 is one unit off, not right."""
+    """0.3078 GB is 0.31 to 2 significant figures: 0.30, 0.78 of a unit from it, is refused."""
     with pytest.raises(AssertionError, match=r"00\.2: 0\.3 is not the GB"):
         check("00.2", 0.30)
     with pytest.raises(AssertionError, match=r"05\.3: 0\.46 is not"):
         check("05.3", 0.46)
     check("00.2", 0.31)
     assert "right, the GB" in capsys.readouterr().out
+
+
+def test_an_answer_within_three_quarters_of_a_unit_is_accepted_and_one_farther_is_refused(capsys):
+    """Half a unit (rounding) and the quarter of slack: where the share is 0.306 (0.31 to 2
+    significant figures), 0.30 and 0.2986, 0.6 and 0.74 of a unit off, are accepted and told
+    0.31; 0.2984 and 0.314, 0.76 and 0.8 off, are refused."""
+    per_example = {"facts_salient_span_masking": 30.6, "facts_span_corruption": 69.4}
+    for near in (0.30, 0.2986):
+        check("01.2", near, per_example=per_example)
+    said = capsys.readouterr().out
+    assert said.count("accepted, the share") == 2 and said.count("to 2 significant figures it is 0.31") == 2
+    for far in (0.2984, 0.314):
+        with pytest.raises(AssertionError, match=re.escape(f"01.2: {far} is not the share")):
+            check("01.2", far, per_example=per_example)
 
 
 def test_an_answer_whose_last_figure_only_rounding_moved_is_accepted_and_told_the_value(capsys):

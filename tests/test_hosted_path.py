@@ -121,6 +121,17 @@ def test_hosted_setup_keeps_the_runtime_and_t5nb_runs_on_it(tmp_path, runtime):
         assert out.split()[-4:-2] == ["4", "8"], out
 
 
+def test_uv_seeds_a_stack_from_pips_package_sources():
+    """A mirror and a folder of wheels that pip's settings name reach uv, which reads none of them:
+    each whitespace-separated entry an option of its own."""
+    env = {"PIP_INDEX_URL": "https://mirror.example/simple", "PIP_EXTRA_INDEX_URL": "https://extra.example/simple",
+           "PIP_FIND_LINKS": "/wheels  https://example.com/torch_cpu.html\n/more", "PIP_NO_COMPILE": "1"}
+    assert hosted_stacks.pip_sources(env) == [
+        "--index-url", "https://mirror.example/simple", "--extra-index-url", "https://extra.example/simple",
+        "--find-links", "/wheels", "--find-links", "https://example.com/torch_cpu.html", "--find-links", "/more"]
+    assert hosted_stacks.pip_sources({"PIP_NO_COMPILE": "1"}) == []
+
+
 def test_every_lower_bound_is_the_oldest_version_the_tests_run():
     """pyproject.toml's lower bounds admit nothing untested: each dependency's is its oldest
     version on the stacks the tests run t5nb on, each hosted runtime's (its own version, else the

@@ -55,14 +55,34 @@ def test_a_server_that_exits_fails_its_start_with_its_log(tmp_path):
     assert str(tmp_path / "missing") in str(failed.value)
 
 
-def test_stop_ends_what_the_server_started_in_a_process_group_of_its_own(tmp_path):
+def test_stop_ends_what_the_server_started_in_a_process_group_of_its_own(tmp_path, monkeypatch):
     """`stop` ends a server and the process it started in a process group of its own, out of reach of
-    the server's process group; a server that has already exited stops without error."""
+    the server's process group, and signals that group only while Popen has not reaped the server
+    (its pid is its own), then reaps it."""
     server = subprocess.Popen([sys.executable, "-c", STAND_IN], stdout=subprocess.PIPE, text=True,
                               start_new_session=True)
     with server.stdout:
         kernel = int(server.stdout.readline())
     started = local_server.descendants(server.pid)[kernel]
+    killpg, reaped = os.killpg, []
+
+    def recorded(group, number):
+        reaped.append(server.returncode is not None)
+        killpg(group, number)
+
+    monkeypatch.setattr(os, "killpg", recorded)
     local_server.stop(server)
     assert not local_server.alive(kernel, started)
+    assert reaped == [False, False] and server.returncode is not None
+
+
+def test_stop_leaves_a_server_popen_has_reaped_alone(monkeypatch):
+    """A server that has exited and been reaped (`serving` polls it) may have its pid given to another
+    process since: `stop` signals no process or process group of that pid and looks for nothing below it."""
+    server = subprocess.Popen([sys.executable, "-c", ""], start_new_session=True)
+    server.wait()
+    calls = []
+    for module, name in ((os, "kill"), (os, "killpg"), (local_server, "descendants")):  # descendants: none
+        monkeypatch.setattr(module, name, lambda *args, name=name: calls.append((name, args)) or {})
     local_server.stop(server)
+    assert calls == []

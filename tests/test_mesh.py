@@ -5,7 +5,9 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import pytest
+from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from t5nb import mesh as mesh_lib
@@ -31,6 +33,20 @@ def test_2d_rules_put_embed_on_the_free_mesh_axis():
     activations_2d = mesh_lib.standard_rules(activation_dims=2)
     assert mesh_lib.logical_to_spec(("batch", "length", "embed"), activations_2d) == P("data", None, "model")
     assert mesh_lib.logical_to_spec(("batch", "length", "mlp"), activations_2d) == P("data", None, "model")
+
+
+def test_flax_partitioning_reads_the_axes_t5nb_writes():
+    param = nnx.Param(jnp.zeros((2, 3)), eager_sharding=False, **mesh_lib.axes_metadata(("embed", "mlp")))
+    assert nnx.get_partition_spec(param).value == P("embed", "mlp")
+    assert mesh_lib.logical_axes(param) == ("embed", "mlp")
+
+
+@pytest.mark.parametrize("field", ["sharding_names", "out_sharding"])  # flax up to 0.12.3; from 0.12.4
+def test_the_axes_field_is_the_one_flax_with_partitioning_writes(monkeypatch, field):
+    def with_partitioning(initializer, sharding, mesh=None):
+        return lambda *args: nnx.VariableMetadata(initializer(*args), metadata={field: sharding, "mesh": mesh})
+    monkeypatch.setattr(nnx, "with_partitioning", with_partitioning)
+    assert mesh_lib._axes_field() == field
 
 
 def test_make_mesh_and_a_clear_error_when_partitions_do_not_divide():

@@ -60,25 +60,24 @@ def test_the_estimates_tables_are_the_committed_estimates():
 
 
 def test_the_estimates_tables_read_only_what_every_estimate_has():
-    """The fields the tables read, and nothing else: an estimate with other fields beside them,
-    measured compile seconds for one, still makes both tables, every number from the estimate: a
-    range where the chip's kind was not measured, one time where it was."""
+    """The fields the tables read, and nothing else: an estimate with other fields beside them
+    still makes both tables, every number from the estimate."""
     notebooks = {name: {"minutes": minutes, "compile_s": 1.0} for name, minutes in
                  (("02_pretraining", 12.3), ("03_finetuning", 4.0), ("04_closed_book_qa", 2.0), ("05_evaluation", 1.0))}
-    tpu = {"profile": "accelerator", "dtype": "bfloat16", "measured_kind": False, "minutes": 19.3,
-           "least_minutes": 15.6, "with_02s_run": [17.4, 21.1], "compile_minutes": 2.6, "memory_gb": 20.0,
-           "fits_in_memory": False, "seconds_per_run": {"pretrain_step": [0.2, 0.25]}, "notebooks": notebooks}
-    gpu = {**tpu, "measured_kind": True, "least_minutes": 19.3, "with_02s_run": [21.1, 21.1], "fits_in_memory": True}
+    tpu = {"profile": "accelerator", "dtype": "bfloat16", "minutes": 19.3, "with_02s_run": 21.1, "compile_minutes": 2.6,
+           "memory_gb": 20.0, "fits_in_memory": False, "seconds_per_run": {"pretrain_step": 0.25},
+           "notebooks": notebooks}
+    gpu = {**tpu, "fits_in_memory": True}
     result = {"setups": {"Some TPU": tpu, "Some GPU": gpu}}
     assert estimates_table.table(result).splitlines()[2:] == [
-        "| Some TPU | `accelerator` | bfloat16 | 12.3 | 4.0 | 2.0 | 1.0 | **16-19** | 3 | 17-21 | 20.0 (too much) |",
+        "| Some TPU | `accelerator` | bfloat16 | 12.3 | 4.0 | 2.0 | 1.0 | **19** | 3 | 21 | 20.0 (too much) |",
         "| Some GPU | `accelerator` | bfloat16 | 12.3 | 4.0 | 2.0 | 1.0 | **19** | 3 | 21 | 20.0 |"]
     assert estimates_table.chip_table(result).splitlines() == [
         "| setup | profile | compute dtype | notebooks 02-05, each in a runtime of its own | longest notebook | "
         "of it compiling | 02's run found |",
         "|---|---|---|---:|---:|---:|---:|",
-        "| Some TPU | `accelerator` | bfloat16 | 16-19 min, estimated (does not fit its memory) | 02: 12 min | 3 min "
-        "| 17-21 min |",
+        "| Some TPU | `accelerator` | bfloat16 | 19 min, estimated (does not fit its memory) | 02: 12 min | 3 min "
+        "| 21 min |",
         "| Some GPU | `accelerator` | bfloat16 | 19 min, estimated | 02: 12 min | 3 min | 21 min |"]
 
 

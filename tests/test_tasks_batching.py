@@ -156,6 +156,20 @@ def test_a_mixture_of_tasks_kept_in_memory_yields_seqios_examples_in_its_order()
     assert all(a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a) for a, b in pairs)
 
 
+@pytest.mark.parametrize("task, pack", [("facts_span_corruption", True), ("facts_qa", True), ("facts_qa", False),
+                                        ("facts_pretraining", True)])
+def test_get_dataset_asks_once_whether_each_task_keeps_its_tokens(monkeypatch, task, pack):
+    """A task packed or not, and a mixture and each of its tasks: `keeps_tokens` asked once each."""
+    from t5nb.tasks import batching
+
+    asked, keeps_tokens = [], batching.keeps_tokens
+    monkeypatch.setattr(batching, "keeps_tokens", lambda task, split: asked.append(task.name) or keeps_tokens(task, split))
+    monkeypatch.setattr(batching.kept_pipelines, "folder", lambda: None)  # built, not loaded
+    batching.get_dataset(task, LENGTHS, 4, pack=pack)
+    task = tasks.get_task(task)
+    assert sorted(asked) == sorted([task.name, *(sub.name for sub in getattr(task, "tasks", []))])
+
+
 @pytest.mark.parametrize("task, shuffle, num_epochs", [("facts_qa", True, None), ("world20", True, 3),
                                                        ("world20", False, 1), ("world400", True, 2)])
 def test_an_unpacked_task_kept_in_memory_is_served_from_arrays_as_seqios_batches_in_its_order(task, shuffle,

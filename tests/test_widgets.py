@@ -98,9 +98,10 @@ def test_tensorboard_serves_the_run_and_stops_with_the_kernel(tmp_path):
     assert not pathlib.Path(f"/proc/{pid}").exists(), f"TensorBoard (pid {pid}) outlived its kernel"
 
 
-def test_a_rerun_of_the_tensorboard_cell_replaces_the_still_redrawn_after_each_cell(tmp_path, monkeypatch):
-    """After the cell ran twice, IPython's `post_run_cell` holds one still's redraw: the second
-    call's, which draws where that call placed it; a hook of the user's stays."""
+def test_a_second_tensorboard_call_replaces_the_still_redrawn_after_each_cell(tmp_path, monkeypatch):
+    """After two calls (the cell run again, or another cell's call), IPython's `post_run_cell`
+    holds one still's redraw: the second call's, which draws where that call placed it; a hook
+    of the user's stays."""
     import IPython
     import tensorboard.notebook  # the module, where `from tensorboard import notebook` gives a lazy stand-in before
     from IPython import display

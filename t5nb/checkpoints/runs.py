@@ -59,11 +59,24 @@ async def _ending_its_tasks(coro):
     try:
         return await coro
     except BaseException:
-        rest = asyncio.all_tasks() - {asyncio.current_task()}
+        rest = _other_tasks()
         for task in rest:
             task.cancel()
         await asyncio.gather(*rest, return_exceptions=True)
         raise
+
+
+def _other_tasks(tries: int = 100) -> set:
+    """The running loop's tasks but the current one. Python 3.12+ copies its set of eager tasks,
+    which every thread's loops share, without a lock, so another thread's change makes the copy
+    raise RuntimeError: it is asked again, and after `tries` none are returned (the save's own
+    error, not this one, is what the caller raises)."""
+    for _ in range(tries):
+        try:
+            return asyncio.all_tasks() - {asyncio.current_task()}
+        except RuntimeError:
+            continue
+    return set()
 
 
 def _in_a_loop_of_its_own(run_sync):

@@ -51,10 +51,11 @@ def get_dataset(task, feature_lengths: dict, batch_size: int, *, split: str = "t
                                          try_in_mem_cache=try_in_mem_cache))
     if kept and (dataset := kept_pipelines.load(kept)) is not None:
         return dataset
-    if try_in_mem_cache and keeps_tokens(task, split) and not pack and _fixed_after_cache(task):
+    kept_tokens = try_in_mem_cache and keeps_tokens(task, split)
+    if kept_tokens and not pack and _fixed_after_cache(task):
         dataset = _batches_of_kept_examples(task, feature_lengths, batch_size, split, shuffle, seed, num_epochs)
     else:
-        dataset = _examples(task, feature_lengths, split, shuffle, seed, num_epochs, try_in_mem_cache)
+        dataset = _examples(task, feature_lengths, split, shuffle, seed, num_epochs, try_in_mem_cache, kept_tokens)
         dataset = _converted(dataset, feature_lengths, pack).batch(batch_size, drop_remainder=True)
     if kept:
         kept_pipelines.keep(kept, dataset)
@@ -76,11 +77,11 @@ def keeps_tokens(task, split: str) -> bool:
 
 
 def _examples(task, feature_lengths: dict, split: str, shuffle: bool, seed: int, num_epochs: int | None,
-              try_in_mem_cache: bool = True) -> tf.data.Dataset:
-    """`task.get_dataset(...)`'s examples: a task that `keeps_tokens` tokenized once
-    (`_tokens_kept_in_memory`), a mixture's tasks each so (`_mixture_of_tokens_kept`), the rest as
-    seqio gives them."""
-    if try_in_mem_cache and keeps_tokens(task, split):
+              try_in_mem_cache: bool, kept_tokens: bool) -> tf.data.Dataset:
+    """`task.get_dataset(...)`'s examples: a task kept tokenized (`kept_tokens`: it `keeps_tokens`,
+    as its caller asked) tokenized once (`_tokens_kept_in_memory`), a mixture's tasks each so
+    (`_mixture_of_tokens_kept`), the rest as seqio gives them."""
+    if kept_tokens:
         return _tokens_kept_in_memory(task, feature_lengths, split, shuffle, seed, num_epochs)
     if try_in_mem_cache and isinstance(task, seqio.Mixture):
         return _mixture_of_tokens_kept(task, feature_lengths, split, shuffle, seed, num_epochs)
@@ -135,7 +136,8 @@ def _mixture_of_tokens_kept(mixture, feature_lengths: dict, split: str, shuffle:
     keys = set(mixture.output_features)
     datasets = []
     for task in tasks:
-        dataset = _examples(task, feature_lengths, split, shuffle, seed, num_epochs)
+        dataset = _examples(task, feature_lengths, split, shuffle, seed, num_epochs, try_in_mem_cache=True,
+                            kept_tokens=keeps_tokens(task, split))
         datasets.append(dataset.map(lambda example: {k: v for k, v in example.items() if k in keys},
                                     num_parallel_calls=tf.data.experimental.AUTOTUNE))
     sample_seed = seed if seed is not None else None if shuffle else 42
@@ -148,10 +150,10 @@ FIXED_AFTER_CACHE = (seqio.preprocessors.append_eos_after_trim,)
 
 
 def _fixed_after_cache(task) -> bool:
-    """Whether every preprocessor after `task`'s cache placeholder is one of FIXED_AFTER_CACHE."""
-    placeholders = [isinstance(p, seqio.CacheDatasetPlaceholder) for p in task.preprocessors]
-    after = task.preprocessors[placeholders.index(True) + 1:] if any(placeholders) else task.preprocessors
-    return all(inspect.unwrap(getattr(p, "func", p)) in FIXED_AFTER_CACHE for p in after)
+    """Whether every preprocessor after the cache placeholder of `task` (one that `keeps_tokens`,
+    so has one) is one of FIXED_AFTER_CACHE."""
+    placeholder = next(i for i, p in enumerate(task.preprocessors) if isinstance(p, seqio.CacheDatasetPlaceholder))
+    return all(inspect.unwrap(getattr(p, "func", p)) in FIXED_AFTER_CACHE for p in task.preprocessors[placeholder + 1:])
 
 
 def _batches_of_kept_examples(task, feature_lengths: dict, batch_size: int, split: str, shuffle: bool,
