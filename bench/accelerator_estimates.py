@@ -324,9 +324,11 @@ def compile_seconds(profile_name: str, path: pathlib.Path = COMPILE_RESULTS) -> 
 def fresh_runtime_compile_seconds(profile_name: str) -> dict:
     """Per notebook, its compile seconds in a runtime of its own, as Colab and Kaggle open each
     notebook (Colab keeps compiled programs only where runs/ is on Drive): each of its programs at
-    the seconds of the program's first compile in the course, where bench/compile.py's run in
-    order loaded it from the cache an earlier notebook wrote (04's train step: 1.5 s loaded, 5.7
-    compiled in 03)."""
+    the seconds of the first program of the same name in bench/compile.py's run of the course in
+    order, where that run loaded it from the cache an earlier notebook wrote. Names are not
+    programs: 03-05's "train step" (fine-tuning) is charged 02's pretraining step, 6.9 s against
+    its own 6.5 in 03, and "init (from scratch)", which 03 loaded under that name, 0.0 s in 03 and
+    04. A measurement of each notebook alone in an empty runs folder would replace this."""
     first, fresh = {}, {}
     for notebook, programs in compile_seconds_by_program(profile_name).items():
         fresh[notebook] = sum(first.setdefault(name, seconds) for name, seconds in programs.items())
