@@ -6,7 +6,7 @@ RUNS holds one folder per notebook (`RUNS/03_finetuning`, ...), each the runs fo
 notebook run alone, as Colab and Kaggle open it (the rehearsal, `tests/rehearse.sh`). A run's
 steps are its last checkpoint's (every run of 03-06 starts at step 0 and keeps its last); the
 notebook's sum is held to `accelerator_estimates.course(profile)`'s count of its train steps, the
-same count the tables and the free-session bars read. Prints a line per notebook; exits 1 if a
+same count the estimate's tables and its 15-minute bars read. Prints a line per notebook; exits 1 if a
 notebook trained more.
 """
 import pathlib
