@@ -428,12 +428,12 @@ def count(result: dict) -> dict:
         after_02 = course(profile, with_02s_run=True)
         for notebook, plan in course(profile).items():
             counts = plan["counts"]
-            fed = {program: host.get(pipeline_of(notebook, program), 0.0) for program in counts}
+            fed = {program: host.get(pipeline_of(notebook, program), 0.0)
+                   for program in {**counts, **after_02[notebook]["counts"]}}
             compiling = cpu_compile_s.get(notebook, 0.0) * ratios[chip.platform]
             memory = [compiled[program]["memory"] for program in counts if program in compiled]
-            compute, with_02 = (sum(n * max(seconds[program], host.get(pipeline_of(notebook, program), 0.0))
-                                    for program, n in runs.items())
-                                for runs in (counts, after_02[notebook]["counts"]))
+            compute, with_02 = (sum(n * max(seconds[program], fed[program]) for program, n in runs.items())
+                                for runs in (counts, after_02[notebook]["counts"]))  # a step waits for its batch
             notebooks[notebook] = {
                 "training_runs": plan["runs"], "decoded_examples": plan["examples"], "train_steps": train_steps(counts),
                 "minutes": (compute + compiling + setup) / 60, "with_02s_run": (with_02 + compiling + setup) / 60,
