@@ -1,12 +1,13 @@
 """Store the outputs nbval compares: run the notebooks with the `ci` profile and keep the outputs
-of the cells marked `# NBVAL_CHECK_OUTPUT` only; every other cell stays without outputs.
+of the cells tagged `nbval-check-output` only (a cell tag, which nbval reads and a learner
+does not see); every other cell stays without outputs.
 
     python scripts/record_outputs.py [NOTEBOOK ...]    # default: every notebook
 
-Mark only cells whose output is the same on every machine and under every profile (the CI runs
+Tag only cells whose output is the same on every machine and under every profile (the CI runs
 nbval under `ci` and under `rehearsal`): vocabulary pieces, shapes, parameter counts, previews
-of the facts tasks. Run this after changing a marked cell and read the diff: it is what CI will
-hold the notebook to (tests/test_notebooks.py checks that every marked cell has an output).
+of the facts tasks. Run this after changing a tagged cell and read the diff: it is what CI will
+hold the notebook to (tests/test_notebooks.py checks that every tagged cell has an output).
 """
 import json
 import os
@@ -20,11 +21,11 @@ import nbformat
 from t5nb.course import quiet_kernel
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-MARK = "# NBVAL_CHECK_OUTPUT"
+TAG = "nbval-check-output"
 
 
 def is_checked(cell: dict) -> bool:
-    return cell["cell_type"] == "code" and "".join(cell["source"]).startswith(MARK)
+    return cell["cell_type"] == "code" and TAG in cell.get("metadata", {}).get("tags", [])
 
 
 def _plain(outputs) -> list[dict]:
