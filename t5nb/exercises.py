@@ -204,8 +204,9 @@ def shown(answer) -> str:
 
 def check(name: str, answer, **context) -> None:
     """Print a tick if `answer` is right, saying whether it was the reader's or the solution
-    cell's (`Solved`), and the value to the figures asked for where the answer's last figure is
-    not that (`Precision`); otherwise raise AssertionError saying what was asked, and what a
+    cell's (`Solved`: then without the value, so that a notebook run top to bottom does not print
+    the answers), and the value to the figures asked for where the reader's last figure is not
+    that (`Precision`); otherwise raise AssertionError saying what was asked, and what a
     known misreading of the question gives where the answer is that."""
     exercise = EXERCISES[name]
     asked = (exercise.question + (" (a fraction or a percentage)" if exercise.share else "")
@@ -231,8 +232,8 @@ def check(name: str, answer, **context) -> None:
                         and abs(real(answer) - value()) <= exercise.precision.tolerance(value())), None)
         raise AssertionError(f"exercise {name}: {said} is not {asked}" + (f" ({misread})" if misread else "")
                              + "; try again, or expand the solution cell above")
-    if solved:
-        print(f"✓ exercise {name}: checked the solution cell's answer, not yours: {exercise.question} is "
-              f"{said}{note} (write yours in place of `...` and run the check again)")
+    if solved:  # the value is not said: run top to bottom, the check must not answer before the reader does
+        print(f"✓ exercise {name}: the solution cell's answer passed, not yours; it stays in the collapsed "
+              "cell above until you open it (write yours in place of `...` and run the check again)")
     else:
         print(f"✓ exercise {name}: {'accepted' if note else 'right'}, {exercise.question} is {said}{note}")
