@@ -142,12 +142,16 @@ def test_slot_filling_asks_every_fact_of_its_split_once_from_the_shipped_fact_ta
     assert people == world.make_people()  # the fact table reads back as the world that wrote it
     for split in ("train", "heldout"):
         examples = world.slot_filling_examples(people, split)
-        expected = {(f"{p.name}; {world.SLOT_NAMES[r]}", v) for p in people if p.split == split for r, v in p.facts.items()}
+        expected = {(f"{p.name}, {world.SLOT_NAMES[r]}", v) for p in people if p.split == split for r, v in p.facts.items()}
         assert len(examples) == len(expected) == 1000 and {(e["slot"], e["value"]) for e in examples} == expected
     first = world.slot_filling_examples(people, "train")[:50]  # shuffled: a curve's first N cover many people
-    assert len({e["slot"].split(";")[0] for e in first}) > 40 and len({e["slot"].split("; ")[1] for e in first}) == 5
+    assert len({e["slot"].split(", ")[0] for e in first}) > 40 and len({e["slot"].split(", ")[1] for e in first}) == 5
     preview = tasks.preview(tasks.SLOT_FILLING, split="validation")
     assert preview.preprocessed["inputs"].startswith(world.SLOT_FILLING_PREFIX)
+    vocabulary = tasks.get_vocabulary("facts")  # every character of every input has a piece: no unknown (id 2)
+    slots = [world.SLOT_FILLING_PREFIX + e["slot"] for split in ("train", "heldout")
+             for e in world.slot_filling_examples(people, split)]
+    assert not any(vocabulary.unk_id in vocabulary.encode(slot) for slot in slots)
 
 
 def test_first_examples_trains_on_the_first_n_and_keeps_the_rest_whole():

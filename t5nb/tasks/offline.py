@@ -7,7 +7,7 @@
 | `facts_pretraining` | mixture: span corruption + salient span masking, 1 : 8 by examples (salient span masking's share of the tokens: 40% at the `cpu` profile's lengths, 57% at `ci`'s; notebook 01 counts it) |
 | `facts_qa` | `trivia question: <question>` -> answer; validation = held-out people; EM/F1 |
 | `facts_fact_check` | `fact check: <statement>` -> `true`/`false`; validation = held-out people |
-| `facts_slot_filling` | `slot filling: <name>; <relation>` -> the value (KILT's slot filling); validation = held-out people; accuracy |
+| `facts_slot_filling` | `slot filling: <name>, <relation>` -> the value (KILT's slot filling); validation = held-out people; accuracy |
 | `facts_world<N>` | (`register_world_task(N)`) salient span masking over a world of N people made in memory; validation = every fact once, the probe of `t5nb.capacity` |
 
 With the byte vocabulary the names end in `_byte` (`facts_qa_byte`, ...).

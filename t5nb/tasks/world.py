@@ -187,10 +187,19 @@ def statement(person: Person, relation: str, value: str, rng: random.Random) -> 
     return rng.choice(RELATIONS[relation][1]).format(name=person.name, value=value)
 
 
+def probe_paraphrase(relation: str) -> str:
+    """The first of `relation`'s paraphrases that no other relation has, so that with its value
+    hidden only that relation's values fit it: birth_city's first, "{name} was born in {value}.",
+    is also one of birth_year's, and the corpus fills it with a city or a year."""
+    others = {paraphrase for other, (_, paraphrases, _) in RELATIONS.items() if other != relation
+              for paraphrase in paraphrases}
+    return next(paraphrase for paraphrase in RELATIONS[relation][1] if paraphrase not in others)
+
+
 def probe_statements(people: list[Person]) -> list[str]:
-    """Every fact of `people` stated once, in its relation's first paraphrase: person by person,
+    """Every fact of `people` stated once, in its relation's `probe_paraphrase`: person by person,
     relation by relation (`RELATIONS`' order). What a knowledge probe asks about."""
-    return [RELATIONS[relation][1][0].format(name=person.name, value=person.facts[relation])
+    return [probe_paraphrase(relation).format(name=person.name, value=person.facts[relation])
             for person in people for relation in RELATIONS]
 
 
@@ -256,9 +265,10 @@ SLOT_NAMES = {"birth_city": "birthplace", "employer": "employer", "birth_year": 
 
 
 def slot_filling_examples(people: list[Person], split: str, seed: int = SEED) -> list[dict]:
-    """KILT-style slot filling: "<name>; <relation>" -> the value, every fact of the people of
-    one split, shuffled (so the first N of them cover many people and every relation)."""
-    examples = [{"slot": f"{person.name}; {SLOT_NAMES[relation]}", "value": value}
+    """KILT-style slot filling: "<name>, <relation>" -> the value (a comma, which the facts
+    vocabulary has, between subject and relation), every fact of the people of one split,
+    shuffled (so the first N of them cover many people and every relation)."""
+    examples = [{"slot": f"{person.name}, {SLOT_NAMES[relation]}", "value": value}
                 for person in people if person.split == split for relation, value in person.facts.items()]
     random.Random(f"{seed}-slots-{split}").shuffle(examples)
     return examples
