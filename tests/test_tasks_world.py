@@ -45,6 +45,17 @@ def test_corpus_varies_paraphrase_and_order():
     assert len(set(about_first)) == world.PARAGRAPHS_PER_PERSON  # six different renderings
 
 
+def test_validation_paragraphs_are_new_but_two_thirds_of_their_sentences_are_not():
+    """What 02 and world's docstring say of the validation text: 1,367 of its 2,000 sentences
+    occur word for word in training paragraphs; no paragraph does."""
+    read = lambda name: (DATA_DIR / name).read_text(encoding="utf-8").splitlines()
+    training, validation = read("facts_corpus.txt"), read("facts_corpus_validation.txt")
+    seen = {sentence for paragraph in training for sentence in world.sentences(paragraph)}
+    sentences = [sentence for paragraph in validation for sentence in world.sentences(paragraph)]
+    assert not set(validation) & set(training)
+    assert (sum(sentence in seen for sentence in sentences), len(sentences)) == (1367, 2000)
+
+
 def test_answers_are_balanced_so_guessing_scores_low():
     counts = collections.Counter(r["answer"] for r in _jsonl("facts_qa_validation.jsonl") if r["relation"] == "birth_city")
     assert max(counts.values()) / sum(counts.values()) < 0.1
