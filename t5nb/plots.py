@@ -151,14 +151,23 @@ def token_lengths(measured: dict, lengths: dict, title: str):
     return figure
 
 
+def chance_line(axis, chance: float | None) -> None:
+    """A dashed line at a uniform guess's score, where the task has one, labelled for the legend."""
+    if chance is not None:
+        axis.axhline(chance, color="gray", linestyle="--", linewidth=1, label="uniform guess")
+
+
 def sample_efficiency(curve: dict, title: str | None = None):
     """`workflow.sample_efficiency`'s curve: the task's metric against the number of training
-    examples (log scale), one line from the pretrained model and one from random initialisation."""
+    examples (log scale), one line from the pretrained model and one from random initialisation,
+    and a uniform guess's where the curve has one."""
     figure, axis = plt.subplots(figsize=(5.0, 3.4))
     sizes = sorted(curve["runs"], key=int)
     for start in ("pretrained", "scratch"):
         axis.plot([int(n) for n in sizes], [curve["runs"][n][start] for n in sizes], marker="o", label=f"from {start}")
-    held_out = f"each point on {curve['examples']:,} held-out examples" if "examples" in curve else None
+    chance_line(axis, curve.get("chance"))
+    held_out = (f"{curve['steps']:,} steps a run, " if "steps" in curve else "") + (
+        f"each point on {curve['examples']:,} held-out examples" if "examples" in curve else "")
     axis.set(xscale="log", xlabel="training examples", ylabel=f"held-out {curve['metric']} (%)",
              title="\n".join(part for part in (title, held_out) if part) or None)
     axis.legend()
@@ -179,14 +188,17 @@ def fine_tuning_methods(table: dict, metric: str):
     return figure
 
 
-def em_against_parameters(sizes: dict):
-    """`capacity.size_sweep`'s table: held-out-people EM against the model's parameters (log scale)."""
+def em_against_parameters(sizes: dict, chance: float | None = None):
+    """`capacity.size_sweep`'s table: held-out-people EM against the model's parameters (log
+    scale), from 0, with a uniform guess's EM (`chance`) where given."""
     figure, axis = plt.subplots(figsize=(5.0, 3.4))
     rows = sorted(sizes.values(), key=lambda row: row["parameters"])
-    axis.plot([row["parameters"] for row in rows], [row["em"] for row in rows], marker="o")
+    axis.plot([row["parameters"] for row in rows], [row["em"] for row in rows], marker="o", label="fine-tuned")
+    chance_line(axis, chance)
     questions = f" ({rows[0]['examples']:,} held-out questions)" if "examples" in rows[0] else ""
-    axis.set(xscale="log", xlabel="parameters", ylabel="held-out-people EM (%)",
+    axis.set(xscale="log", xlabel="parameters", ylabel="held-out-people EM (%)", ylim=(0, None),
              title=f"closed-book QA by model size{questions}")
+    axis.legend()
     plt.close(figure)
     return figure
 

@@ -315,7 +315,8 @@ def train(trainer: Trainer, batches, num_steps: int, model_dir, *, eval_batches=
         writer, eval_writer = (metric_writers.create_default_writer(str(model_dir / folder),
                                                                     just_logging=jax.process_index() > 0)
                                for folder in ("train", f"training_eval/{task_name}"))
-        bar = progress_bar(total=num_steps, initial=step, desc="train", unit="step",
+        bar = progress_bar(total=num_steps, initial=step, desc=f"train {model_dir.name}",
+                           unit="step",  # the run's folder: a notebook's several bars told apart
                            disable=not progress or step >= num_steps)  # a finished run (loading it): no bar
         save = Saving(trainer, checkpoints, batches, step if resuming else None)
         log = MetricsLog(trainer, writer, bar, on_log, history, save.where)

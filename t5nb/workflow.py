@@ -236,7 +236,8 @@ def sample_efficiency(profile: Profile, init) -> dict:
     `profile.transfer_sizes` (`profile.transfer_steps` steps each), from `init` and from random
     initialisation, each scored on the whole validation split with the task's first metric:
     `{"metric": name, "runs": {N: {"pretrained": score, "scratch": score}}, "examples": how many
-    each score is on}`, recorded as the notebook's `transfer` headline."""
+    each score is on, "steps": each run's, "chance": a uniform guess's score (None: the task has
+    none)}`, recorded as the notebook's `transfer` headline."""
     runs, metric = {}, None
     for size in profile.transfer_sizes:
         subset = tasks.first_examples(profile.finetune_task, size)
@@ -245,7 +246,8 @@ def sample_efficiency(profile: Profile, init) -> dict:
                                                        num_steps=profile.transfer_steps, record=False)
             metric = metric or next(iter(metrics))
             runs.setdefault(size, {})[name] = metrics[metric]
-    curve = {"metric": metric, "runs": runs, "examples": evaluated_examples(result, subset)}
+    curve = {"metric": metric, "runs": runs, "examples": evaluated_examples(result, subset),
+             "steps": profile.transfer_steps, "chance": tasks.uniform_guess_accuracy(profile.finetune_task)}
     record_headline(transfer=curve)
     return curve
 

@@ -78,17 +78,21 @@ def test_bits_plot_starts_at_zero_bits_and_names_its_models_and_exposures():
     assert axis.get_title().startswith("knowledge held by 4 models after 40 exposures per fact")
 
 
-def test_the_held_out_curves_say_how_many_examples_each_point_is_on():
+def test_the_held_out_curves_say_how_many_examples_and_steps_each_point_is_on_beside_a_uniform_guess():
     curve = {"metric": "accuracy", "runs": {"50": {"pretrained": 30.0, "scratch": 2.0},
-                                            "200": {"pretrained": 60.0, "scratch": 3.0}}, "examples": 1_200}
+                                            "200": {"pretrained": 60.0, "scratch": 3.0}}, "examples": 1_200,
+             "steps": 200, "chance": 3.7}
     axis = plots.sample_efficiency(curve, title="facts_slot_filling").axes[0]
-    assert axis.get_title() == "facts_slot_filling\neach point on 1,200 held-out examples"
-    assert [list(line.get_xdata()) for line in axis.lines] == [[50, 200]] * 2
+    assert axis.get_title() == "facts_slot_filling\n200 steps a run, each point on 1,200 held-out examples"
+    assert [list(line.get_xdata()) for line in axis.lines[:2]] == [[50, 200]] * 2
+    assert list(axis.lines[2].get_ydata()) == [3.7, 3.7] and axis.get_legend_handles_labels()[1][2] == "uniform guess"
+    assert len(plots.sample_efficiency({**curve, "chance": None}).axes[0].lines) == 2  # a task without one: no line
     sizes = {16: {"parameters": 100_000, "em": 5.0, "examples": 300}, 32: {"parameters": 300_000, "em": 20.0,
                                                                          "examples": 300}}
-    axis = plots.em_against_parameters(sizes).axes[0]
+    axis = plots.em_against_parameters(sizes, chance=3.7).axes[0]
     assert axis.get_title() == "closed-book QA by model size (300 held-out questions)"
-    assert list(axis.lines[0].get_ydata()) == [5.0, 20.0]
+    assert list(axis.lines[0].get_ydata()) == [5.0, 20.0] and list(axis.lines[1].get_ydata()) == [3.7, 3.7]
+    assert axis.get_ylim()[0] == 0
 
 
 def test_the_tensorboard_still_puts_decoded_percentages_in_panels_of_their_own_with_one_legend_below():

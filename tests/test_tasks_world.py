@@ -148,6 +148,12 @@ def test_salient_span_masking_drops_texts_without_a_span():
                    {"inputs": "Oslovia is not <extra_id_0>.", "targets": "<extra_id_0> Oslo"}]
 
 
+def test_a_uniform_guess_is_the_chance_of_the_tasks_that_ask_for_a_value_and_of_no_other():
+    assert tasks.uniform_guess_accuracy(tasks.SLOT_FILLING) == tasks.uniform_guess_accuracy("facts_qa_byte") \
+        == pytest.approx(100 * (1 / 30 + 1 / 20 + 1 / 60 + 1 / 20 + 1 / 15) / 5)  # 4.33%: five relations' value sets
+    assert tasks.uniform_guess_accuracy(tasks.FACT_CHECK) is None and tasks.uniform_guess_accuracy("wmt14_ende") is None
+
+
 def test_slot_filling_asks_every_fact_of_its_split_once_from_the_shipped_fact_table():
     people = world.read_people(DATA_DIR / "facts.jsonl")
     assert people == world.make_people()  # the fact table reads back as the world that wrote it

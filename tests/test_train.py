@@ -106,6 +106,14 @@ def test_gradient_accumulation_equals_the_full_batch():
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+def test_a_runs_progress_bar_names_the_run(tmp_path, capsys):
+    """A notebook that trains several runs (03's sample-efficiency curve) shows a bar for each,
+    told apart by its run folder."""
+    trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0), TrainConfig(learning_rate=1e-2))
+    train(trainer, Batches(copy_batch()), 2, tmp_path / "finetune_slots_first50_scratch")
+    assert "train finetune_slots_first50_scratch: 100%" in capsys.readouterr().err
+
+
 def test_teacher_forced_answer_accuracy_leaves_out_the_eos_that_ends_each_target(tmp_path):
     trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0), TrainConfig(learning_rate=1e-2))
     batch = copy_batch()

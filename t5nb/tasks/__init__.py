@@ -13,7 +13,7 @@ from t5nb.tasks.batching import (BatchIterator, Preview, Previews, as_text, get_
 from t5nb.tasks.custom import (TaskDataError, describe, read_examples, read_rows, register_task, token_lengths,
                                warn_if_cut)
 from t5nb.tasks.offline import (FACT_CHECK, QA, SLOT_FILLING, SPAN_CORRUPTION, register_facts_tasks,
-                                register_world_task)
+                                register_world_task, uniform_guess_accuracy)
 from t5nb.tasks.real import register_nq_open_jsonl, register_real_tasks, register_triviaqa_jsonl
 from t5nb.tasks.pieces import (TaskNameError, check_vocabulary, first_examples, get_task, is_registered,
                                remove_task)
@@ -31,5 +31,5 @@ __all__ = [
     "first_examples", "get_dataset", "get_task",
     "get_vocabulary", "is_registered", "preview", "read_examples", "read_rows", "register_facts_tasks", "register_nq_open_jsonl",
     "register_real_tasks", "register_task", "register_world_task", "register_triviaqa_jsonl", "remove_task", "shared_data_dir", "token_lengths",
-    "validation_batches", "warn_if_cut", "with_sentinels",
+    "uniform_guess_accuracy", "validation_batches", "warn_if_cut", "with_sentinels",
 ]

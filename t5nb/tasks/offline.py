@@ -35,6 +35,14 @@ def _splits(stem: str, fields: dict) -> dict:
     return {split: read_examples(DATA_DIR / f"{stem}_{split}.jsonl", fields) for split in ("train", "validation")}
 
 
+def uniform_guess_accuracy(task: str) -> float | None:
+    """The accuracy (%) of a uniform guess on a facts task that asks for one of a relation's values
+    (slot filling and closed-book QA, in either vocabulary): the chance line of its plots; None
+    for any other task."""
+    asks_values = {name + suffix for name in (QA, SLOT_FILLING) for suffix in VOCABULARY_SUFFIXES.values()}
+    return world.uniform_guess_accuracy() if task in asks_values else None
+
+
 def register_facts_tasks() -> list[str]:
     """Register the five facts tasks and the pretraining mixture for every vocabulary (again: a
     no-op); return the names."""
