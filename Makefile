@@ -49,7 +49,8 @@ $(VENV)/.test: $(VENV)/.lab requirements/test.lock
 	touch $@
 
 # The main job: the whole course, headless, on this machine's default profile. To publish its
-# numbers: `python scripts/course_table.py` (docs/course_results.json and the README's table).
+# numbers: `python scripts/course_table.py` (docs/course_results.json, docs/course_times.json and the
+# README's table).
 course: $(VENV)/.base
 	$(PY) -m t5nb course --fresh --out runs
 

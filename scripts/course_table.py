@@ -2,11 +2,15 @@
 
     python scripts/course_table.py [RESULTS]    # RESULTS: default runs/results.json
 
-copies RESULTS to docs/course_results.json, the committed record of the last measured course,
-and rewrites from that record the README's course table (between its `course-table` markers)
+copies RESULTS to docs/course_results.json, the committed record of the last measured course;
+keeps its wall times in docs/course_times.json under the CPU it ran on, which each notebook's
+setup cell recorded in RESULTS (`system.cpu_description`; the entries of other CPUs stay), the
+times the setup cell tells a learner on a CPU (`profiles.course_minutes`); and rewrites from the
+record the README's course table (between its `course-table` markers), which names that CPU,
 and the course's total time (between its `course-time` markers).
 tests/test_readme.py fails when the README and the record disagree.
 """
+import datetime
 import json
 import pathlib
 import re
@@ -15,6 +19,7 @@ import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RECORD = ROOT / "docs" / "course_results.json"
+TIMES = ROOT / "docs" / "course_times.json"  # t5nb.profiles.COURSE_TIMES
 START, END = "<!-- course-table: written by scripts/course_table.py -->", "<!-- /course-table -->"
 TIME_START, TIME_END = "<!-- course-time: written by scripts/course_table.py -->", "<!-- /course-time -->"
 
@@ -69,11 +74,44 @@ def total_time(results: dict) -> str:
     return f"{int(total // 60)} min {total % 60:.0f} s"
 
 
+def machine(results: dict) -> str:
+    """The CPU the course of `results` ran on, as each notebook's setup cell recorded it; a
+    ValueError where a notebook recorded none (not the `cpu` profile on a CPU) or they differ
+    (results.json keeps a notebook's entry from an earlier run: run the whole course again)."""
+    cpus = {entry.get("cpu") for entry in results.values()}
+    if len(cpus) != 1 or None in cpus:
+        recorded = {name: entry.get("cpu") for name, entry in results.items()}
+        raise ValueError(f"the results name no one CPU ({recorded}): run the whole course, `make course`, with the "
+                         "cpu profile on one machine")
+    return cpus.pop()
+
+
+def times(results: dict, measured: str) -> dict:
+    """The entry of docs/course_times.json for the CPU of `results` (`machine`), `measured` the
+    day its course ran: each notebook's wall time, and the float32 matmul speed its setup cells
+    measured, on average. A ValueError where a notebook failed: its time is not what it takes."""
+    failed = [name for name, entry in results.items() if not entry.get("ok", True)]
+    if failed:
+        raise ValueError(f"{', '.join(failed)} failed: run the course again, its times are not what it takes")
+    speeds = [entry["matmul_gflops"] for entry in results.values() if "matmul_gflops" in entry]
+    return {"measured": measured, "matmul_gflops": round(sum(speeds) / len(speeds), 1) if speeds else None,
+            "notebooks": {name: entry["wall_s"] for name, entry in results.items()}}
+
+
+def updated_times(kept: dict, results: dict, measured: str) -> dict:
+    """docs/course_times.json's `kept` entries, that of the CPU of `results` written anew (kept as
+    it is where it holds those very times: rewriting the README from the record changes nothing)."""
+    cpu, entry = machine(results), times(results, measured)
+    if kept.get(cpu, {}).get("notebooks") == entry["notebooks"]:
+        return kept
+    return {**kept, cpu: entry}
+
+
 def table(results: dict) -> str:
     """The markdown between the markers: total wall time, one row per training notebook, 03's
     fine-tuning methods and 06's results beside the papers'."""
     rows = [f"| `{name}` | {results[name]['wall_s']:.0f} s | {line} |" for name, line in headlines(results).items()]
-    return "\n".join([f"`make course` took {total_time(results)} in all "
+    return "\n".join([f"`make course` took {total_time(results)} in all on {machine(results)} "
                       "(`docs/course_results.json` holds its numbers):", "",
                       "| notebook | wall | headline |", "|---|---:|---|", *rows, "", *methods(results), "",
                       *findings(results)])
@@ -91,8 +129,13 @@ def render(readme: str, results: dict) -> str:
 
 if __name__ == "__main__":
     source = pathlib.Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "runs" / "results.json"
+    results, readme = json.loads(source.read_text()), ROOT / "README.md"
+    day = datetime.date.fromtimestamp(source.stat().st_mtime).isoformat()  # results.json's last write: the course's end
+    kept = json.loads(TIMES.read_text()) if TIMES.is_file() else {}
+    course_times, text = updated_times(kept, results, day), render(readme.read_text(encoding="utf-8"), results)
+    TIMES.write_text(json.dumps(course_times, indent=2) + "\n")
     if source.resolve() != RECORD.resolve():
         shutil.copy(source, RECORD)
-    readme = ROOT / "README.md"
-    readme.write_text(render(readme.read_text(encoding="utf-8"), json.loads(RECORD.read_text())), encoding="utf-8")
-    print(f"{RECORD.relative_to(ROOT)} and README.md's course table and time updated from {source}")
+    readme.write_text(text, encoding="utf-8")
+    print(f"{RECORD.relative_to(ROOT)}, {TIMES.relative_to(ROOT)}'s entry for {machine(results)} and README.md's "
+          f"course table and time updated from {source}")

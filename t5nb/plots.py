@@ -175,6 +175,24 @@ def sample_efficiency(curve: dict, title: str | None = None):
     return figure
 
 
+def metrics_by_checkpoint(table, questions: int | None = None):
+    """`evaluate.evaluate_checkpoints`' table: the decoded metrics in percent (EM, F1, accuracy)
+    against the fine-tuning step of each checkpoint, on 0 to 100, named as papers name them;
+    `questions`: how many each is on (None: the whole split)."""
+    figure, axis = plt.subplots(figsize=(6.0, 3.0))
+    names = {"em": "EM", "f1": "F1", "accuracy": "accuracy"}
+    for column in table.columns:
+        metric = column.rsplit("/", 1)[-1]
+        if column.startswith("inference_eval/") and metric in names:
+            scores = table[column].dropna()
+            axis.plot(scores.index, scores.values, marker="o", label=names[metric])
+    axis.set(xlabel="fine-tuning step", ylabel="%", ylim=(0, 100),
+             title=f"held-out QA by checkpoint ({f'{questions:,}' if questions else 'all'} questions)")
+    axis.legend()
+    plt.close(figure)
+    return figure
+
+
 def fine_tuning_methods(table: dict, metric: str):
     """`workflow.compare_fine_tuning`'s table: the task's metric against the parameters each
     method trains (log scale)."""
@@ -182,7 +200,7 @@ def fine_tuning_methods(table: dict, metric: str):
     for method, row in table.items():
         axis.scatter(row["trained_parameters"], row[metric], s=60)
         axis.annotate(method, (row["trained_parameters"], row[metric]), textcoords="offset points", xytext=(6, 4))
-    axis.set(xscale="log", xlabel="parameters trained", ylabel=f"held-out {metric} (%)",
+    axis.set(xscale="log", xlabel="parameters trained", ylabel=f"held-out {metric} (%)", ylim=(0, None),
              title="full fine-tuning, LoRA, prompt tuning")
     plt.close(figure)
     return figure

@@ -21,8 +21,9 @@ from t5nb.paths import REPO_ROOT
 from t5nb.system import time_matmul
 
 ESTIMATES = REPO_ROOT / "bench" / "results" / "accelerator_estimates.json"  # computed for each chip, not measured
-MEASURED = REPO_ROOT / "docs" / "course_results.json"  # `make course` under the cpu profile, measured
-MEASURED_ON = "2 cores of an AMD EPYC with AVX-512"  # where MEASURED was: the README's course table says so
+# `make course`'s wall times under the cpu profile, measured, per kind of CPU (`system.cpu_description`):
+# scripts/course_table.py keeps the entry of the CPU a course ran on
+COURSE_TIMES = REPO_ROOT / "docs" / "course_times.json"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,11 +206,12 @@ def course_minutes(name: str, device=None, count: int | None = None, with_02s_ru
     `device` (default: this machine's), and where they come from; None where nothing was
     measured or estimated.
 
-    The `cpu` profile on a CPU: `make course`'s wall times on 2 cores of the slower machine kind
-    (`MEASURED`); where the record holds that machine's float32 matmul speed (`matmul_gflops`,
-    which the setup cell records under `t5nb course`), from each time as it is to it scaled by
-    how much faster this CPU's matmul runs (`cpu_matmul_flops`): a step is more than matmuls
-    (on an Intel Xeon 1.6 times as fast at them, the course took 0.85 of the time, not 0.61).
+    The `cpu` profile on a CPU: from the least to the most of `make course`'s wall times on the
+    kinds of CPU on record (`COURSE_TIMES`), not scaled to this one: a timed matmul did not say
+    what a step costs (on 2 cores of an AMD EPYC without AVX-512, about 98 GFLOP/s against the
+    record's 214, notebook 02 took 20 min where its matmul said 8-10; an Intel Xeon 1.6 times as
+    fast at them took 0.85 of the time, not 0.61). With one kind on record, least and most are
+    alike.
     A chip of `CHIPS`: bench/accelerator_estimates.py's estimate (`ESTIMATES`) for the profile
     detection gives that chip, on the setup with the nearest number of chips: one figure (least
     and most alike), its measured error said with it; each notebook in a runtime of its own,
@@ -218,21 +220,18 @@ def course_minutes(name: str, device=None, count: int | None = None, with_02s_ru
     device = device or jax.devices()[0]
     count = count or jax.device_count()
     if device.platform == "cpu":
-        if name != "cpu" or not MEASURED.is_file():
+        kinds = json.loads(COURSE_TIMES.read_text()) if name == "cpu" and COURSE_TIMES.is_file() else {}
+        if not kinds:
             return None
-        measured = json.loads(MEASURED.read_text())
-        where = f"measured by `make course` on {MEASURED_ON} (docs/course_results.json)"
-        if not all("matmul_gflops" in row for row in measured.values()):
-            unscaled = (f"{where}, whose matmul speed the record lacks, so not scaled to this CPU: another CPU, "
-                        "or one busy with other work, takes longer or shorter")
-            return {notebook: (row["wall_s"] / 60,) * 2 for notebook, row in measured.items()}, unscaled
-        here = cpu_matmul_flops() / 1e9
-        there = sum(row["matmul_gflops"] for row in measured.values()) / len(measured)
-        scaled = (f"{where}: from those times to them scaled by this CPU's float32 matmul speed, {here:,.0f} "
-                  f"GFLOP/s against {there:,.0f} there, since a step is more than matmuls; other work on the "
-                  "cores makes it longer")
-        return {notebook: tuple(sorted((row["wall_s"] / 60, row["wall_s"] / 60 * row["matmul_gflops"] / here)))
-                for notebook, row in measured.items()}, scaled
+        kinds = dict(sorted(kinds.items(), key=lambda kind: sum(kind[1]["notebooks"].values())))
+        notebooks = sorted({notebook for kind in kinds.values() for notebook in kind["notebooks"]})
+        minutes = {notebook: tuple(f(kind["notebooks"][notebook] / 60 for kind in kinds.values()
+                                     if notebook in kind["notebooks"]) for f in (min, max))
+                   for notebook in notebooks}
+        on = [f"{cpu} ({sum(kind['notebooks'].values()) / 60:.0f} min in all)" for cpu, kind in kinds.items()]
+        on = " and ".join([", ".join(on[:-1]), on[-1]] if len(on) > 1 else on)
+        return minutes, (f"measured by `make course` (docs/course_times.json) on {on}; another CPU, or one busy "
+                         "with other work, may take longer")
     chip = chip_of(device)
     if chip is None or name != profile_name_for(device) or not ESTIMATES.is_file():
         return None
@@ -251,7 +250,8 @@ def course_minutes(name: str, device=None, count: int | None = None, with_02s_ru
 @functools.cache
 def cpu_matmul_flops() -> float:
     """This process's CPU's float32 matmul speed (FLOP/s) at the `cpu` profile's `matmul_size`,
-    the number 00_setup prints first: timed once per process (best of five, under a second)."""
+    the number 00_setup prints first, which `make course` records beside each notebook's time:
+    timed once per process (best of five, under a second)."""
     return time_matmul(PROFILES["cpu"].matmul_size, jnp.float32)
 
 

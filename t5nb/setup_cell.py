@@ -11,7 +11,7 @@ import jax
 
 from t5nb import profiles
 from t5nb.profiles import Profile, course_minutes, get_profile, said_minutes
-from t5nb.system import keep_compiled_programs, record_headline
+from t5nb.system import cpu_description, keep_compiled_programs, record_headline
 
 # The notebooks that fine-tune notebook 02's run (`workflow.pretrained_checkpoint`); 06 does where
 # one of its pretrainings is 02's (`capacity.reuses_notebook_02s_run`).
@@ -24,7 +24,9 @@ def choose_profile(name: str = "detected", notebook: str | None = None) -> Profi
     `PROFILES` is set as `T5NB_PROFILE` for this kernel and what it starts. Keeps the programs
     this kernel compiles for the next (`system.keep_compiled_programs`), and prints what the
     profile runs, how long `notebook` (e.g. "02_pretraining") and the whole course take here
-    (`course_minutes`) and, for 03-06, what the notebook runs before its lesson (`before_the_lesson`)."""
+    (`course_minutes`) and, for 03-06, what the notebook runs before its lesson (`before_the_lesson`).
+    Under `t5nb course` with the `cpu` profile on a CPU, records the CPU (`system.cpu_description`)
+    and its float32 matmul speed in the notebook's headline, for scripts/course_table.py."""
     compiled = keep_compiled_programs()
     name = name.strip().lower()
     if name != "detected":
@@ -35,8 +37,9 @@ def choose_profile(name: str = "detected", notebook: str | None = None) -> Profi
           f"  {profile.model} ({profile.vocabulary} vocabulary); 02 pretrains on {profile.pretrain_task} for "
           f"{profile.pretrain_steps:,} steps; 03 fine-tunes on {profile.finetune_task}, 04 on {profile.qa_task}, "
           f"{profile.finetune_steps:,} steps each")
-    if profile.name == "cpu" and jax.devices()[0].platform == "cpu":  # what `course_minutes` scales by
-        record_headline(matmul_gflops=round(profiles.cpu_matmul_flops() / 1e9, 1))
+    if profile.name == "cpu" and jax.devices()[0].platform == "cpu" and os.environ.get("T5NB_NOTEBOOK"):
+        # under `t5nb course`: the CPU its times are kept under (docs/course_times.json), and its matmul speed
+        record_headline(cpu=cpu_description(), matmul_gflops=round(profiles.cpu_matmul_flops() / 1e9, 1))
     before = before_the_lesson(profile, notebook) if notebook in LATER_NOTEBOOKS else None
     found = before is not None and before[0]
     minutes = course_minutes(profile.name, with_02s_run=found)

@@ -1,10 +1,11 @@
-"""What machine is this: Colab, Kaggle or local, where its runs and compiled programs are kept,
-package versions, devices, a timed matmul."""
+"""What machine is this: Colab, Kaggle or local, its CPU, where its runs and compiled programs
+are kept, package versions, devices, a timed matmul."""
 import importlib.metadata
 import json
 import os
 import pathlib
 import platform
+import re
 import sys
 import time
 
@@ -162,6 +163,32 @@ def versions() -> dict[str, str]:
         except importlib.metadata.PackageNotFoundError:
             found[name] = "not installed"
     return found
+
+
+# What a CPU's model name says beside its maker and model: trademarks, "CPU", the core count, the clock
+_CPU_NAME_NOISE = re.compile(r"\((R|TM)\)|\bCPU\b|\bProcessor\b|\b\d+-Core\b|@ *[\d.]+ *GHz", re.I)
+
+
+def cpu_description(cpuinfo: str | None = None, cores: int | None = None) -> str:
+    """This machine's CPU as the course's times are kept under it (docs/course_times.json), from
+    /proc/cpuinfo (or `cpuinfo`) and the cores this process may run on (or `cores`): its first
+    model name without trademarks, clock or core count, and on x86 whether it has AVX-512
+    (the flag avx512f), e.g. "2 cores of an AMD EPYC with AVX-512"; without /proc/cpuinfo (macOS,
+    Windows), what `platform` names."""
+    if cpuinfo is None:
+        path = pathlib.Path("/proc/cpuinfo")
+        cpuinfo = path.read_text() if path.is_file() else ""
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())  # the first processor's
+    name = " ".join(_CPU_NAME_NOISE.sub(" ", fields.get("model name", "")).split())
+    name = name or platform.processor() or platform.machine() or "unknown CPU"
+    avx512 = "" if "flags" not in fields else (" with" if "avx512f" in fields["flags"].split() else " without")
+    return (f"{cores} core{'s' if cores != 1 else ''} of {'an' if name[0] in 'AEIOUaeiou' else 'a'} {name}"
+            + (f"{avx512} AVX-512" if avx512 else ""))
 
 
 def record_headline(**numbers) -> None:

@@ -70,8 +70,9 @@ def tensorboard(*logdirs, height: int = 560) -> None:
     where = (["--logdir", str(paths[0])] if len(paths) == 1 else
              ["--logdir_spec", ",".join(f"{path.name}:{path}" for path in paths)])
     command = " ".join(["tensorboard", *where])  # the same server, from a terminal
-    if os.environ.get(OFF, "1") == "0":
-        print(f"TensorBoard not started ({OFF}=0); `{command}` shows these runs")
+    if os.environ.get(OFF, "1") == "0":  # a run a line (a shell joins lines ended by a backslash)
+        print(f"TensorBoard not started ({OFF}=0); this command shows these runs:\n"
+              + command.replace(" --logdir_spec ", " --logdir_spec \\\n").replace(",", ",\\\n"))
         return
     from tensorboard import manager, notebook  # heavy, and only inline TensorBoard needs it
 

@@ -16,7 +16,7 @@ from t5nb import adapters, evaluate, tasks
 from t5nb.adapters import FINE_TUNING_METHODS
 from t5nb.checkpoints import abstract_params, checkpoint_steps, is_t5x_checkpoint
 from t5nb.config import get_config
-from t5nb.profiles import Profile, course_minutes, said_minutes
+from t5nb.profiles import PROFILES, Profile, course_minutes, said_minutes
 from t5nb.recipe import Data, Recipe, Run, make_trainer
 from t5nb.system import record_headline, runs_dir
 from t5nb.train import TrainResult, run_recipe
@@ -216,7 +216,9 @@ def finetune_published(profile: Profile, task, pretrained, names=tuple(PUBLISHED
     runs = published_checkpoints(profile, pretrained, names)
     for name in names:
         if getattr(profile, PUBLISHED[name]) is None:
-            print(f"{name}: the {profile.name} profile's vocabulary has no published checkpoint")
+            print(f"{name}: the {profile.name} profile's vocabulary has no published checkpoint, so nothing is "
+                  f"fine-tuned here; with T5's (profile `accelerator`) this fine-tunes "
+                  f"{getattr(PROFILES['accelerator'], PUBLISHED[name])} as above and prints its held-out metrics")
         elif name not in runs:
             print(f"{name}: fine-tuned above as the pretrained model, since notebook 02's run is not here")
     metrics = {}

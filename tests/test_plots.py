@@ -3,6 +3,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from t5nb import plots  # noqa: E402
@@ -115,3 +116,13 @@ def test_the_tensorboard_still_puts_decoded_percentages_in_panels_of_their_own_w
 def test_the_attention_masks_say_which_shade_may_attend():
     figure = plots.attention_masks({"encoder": np.eye(4, dtype=bool)})
     assert [text.get_text() for text in figure.legends[0].get_texts()] == ["may attend (adds 0)", "masked (adds -1e10)"]
+
+
+def test_metrics_by_checkpoint_are_drawn_on_0_to_100_named_as_papers_name_them():
+    table = pd.DataFrame({"inference_eval/facts_qa/em": [86.0, 88.0], "inference_eval/facts_qa/f1": [87.0, 89.0],
+                          "training_eval/facts_qa/loss": [0.5, 0.4]}, index=[100, 200])
+    axis = plots.metrics_by_checkpoint(table, questions=2_000).axes[0]
+    assert axis.get_legend_handles_labels()[1] == ["EM", "F1"] and axis.get_ylim() == (0, 100)
+    assert list(axis.lines[0].get_xdata()) == [100, 200] and list(axis.lines[1].get_ydata()) == [87.0, 89.0]
+    assert axis.get_title() == "held-out QA by checkpoint (2,000 questions)"
+    assert plots.metrics_by_checkpoint(table).axes[0].get_title() == "held-out QA by checkpoint (all questions)"

@@ -1,5 +1,6 @@
 import dataclasses
 import json
+import os
 import pathlib
 import types
 
@@ -7,7 +8,7 @@ import jax.numpy as jnp
 import pytest
 
 import t5nb
-from t5nb import profiles, setup_cell
+from t5nb import profiles, setup_cell, system
 from t5nb.profiles import CHIPS, PROFILES, _read_profiles, detect_profile_name
 
 
@@ -27,26 +28,25 @@ def test_unset_profile_follows_the_first_device(monkeypatch):
 
 def test_the_setup_cells_profile_field_sets_the_profile_and_says_what_it_runs_and_how_long(monkeypatch, capsys,
                                                                                             tmp_path):
-    import os
-
     monkeypatch.setenv("T5NB_PROFILE", "ci")
     monkeypatch.setattr(setup_cell, "keep_compiled_programs", lambda: tmp_path)  # the cache: tests/test_compile_cache.py
-    # the record's times as they are, not scaled by this machine's matmul speed (the next test scales them)
-    unscaled = {notebook: {k: v for k, v in row.items() if k != "matmul_gflops"}
-                for notebook, row in json.loads(profiles.MEASURED.read_text()).items()}
-    (tmp_path / "course_results.json").write_text(json.dumps(unscaled))
-    monkeypatch.setattr(profiles, "MEASURED", tmp_path / "course_results.json")
+    # one kind of CPU on record: its times as they are (the next test has two)
+    cpu, kind = next(iter(json.loads(profiles.COURSE_TIMES.read_text()).items()))
+    (tmp_path / "course_times.json").write_text(json.dumps({cpu: kind}))
+    monkeypatch.setattr(profiles, "COURSE_TIMES", tmp_path / "course_times.json")
     assert t5nb.choose_profile("detected").name == "ci"  # what the environment says stays
     assert t5nb.choose_profile("cpu") is PROFILES["cpu"] is t5nb.get_profile()
     assert os.environ["T5NB_PROFILE"] == "cpu"  # the kernel's later cells, and the processes it starts
     said = capsys.readouterr().out
     assert "Profile cpu: " in said and "02 pretrains on facts_pretraining for 1,000 steps" in said
-    measured = json.loads(profiles.MEASURED.read_text())
-    assert f"the course in about {sum(row['wall_s'] for row in measured.values()) / 60:.0f} min" in said
+    measured, total = kind["notebooks"], f"{sum(kind['notebooks'].values()) / 60:.0f} min"
+    assert f"the course in about {total} (" in said
+    assert (f"measured by `make course` (docs/course_times.json) on {cpu} ({total} in all); another CPU, or one busy "
+            "with other work, may take longer") in said
     assert "this notebook" not in said  # none named
     t5nb.choose_profile("detected", "02_pretraining")
     said = capsys.readouterr().out
-    assert f"this notebook, 02_pretraining: about {measured['02_pretraining']['wall_s'] / 60:.0f} min on cpu" in said
+    assert f"this notebook, 02_pretraining: about {measured['02_pretraining'] / 60:.0f} min on cpu" in said
     with pytest.raises(ValueError, match="unknown profile 'tpu'"):
         t5nb.choose_profile("tpu")
     cell = "".join(json.loads((profiles.REPO_ROOT / "notebooks" / "00_setup.ipynb").read_text())["cells"][1]["source"])
@@ -54,32 +54,61 @@ def test_the_setup_cells_profile_field_sets_the_profile_and_says_what_it_runs_an
     assert set(profiles.CHOICES) - {"detected"} <= set(PROFILES)
 
 
-def test_the_measured_times_are_scaled_by_this_cpus_matmul_speed_where_the_record_has_it(monkeypatch, tmp_path,
-                                                                                          capsys):
-    """A CPU half as fast at matmuls as the one `make course` ran on is told from its times to
-    twice them, and under `t5nb course` its speed is recorded beside them; a record without the
-    speed is shown unscaled, and says so."""
-    record = tmp_path / "course_results.json"
-    record.write_text(json.dumps({"00_setup": {"wall_s": 12.0, "matmul_gflops": 100.0},
-                                  "02_pretraining": {"wall_s": 600.0, "matmul_gflops": 100.0}}))
-    monkeypatch.setattr(profiles, "MEASURED", record)
-    monkeypatch.setattr(profiles, "cpu_matmul_flops", lambda: 50e9)
+def test_on_a_cpu_each_notebook_is_told_the_least_to_the_most_of_the_kinds_of_cpu_on_record(monkeypatch, tmp_path,
+                                                                                             capsys):
+    """Two kinds of CPU on record: each notebook from the faster's time to the slower's, whatever
+    this CPU's matmul speed, both kinds named with their course's minutes; one kind: its times,
+    least and most alike. Under `t5nb course` the setup cell records the CPU and its matmul speed."""
+    fast, slow = "2 cores of an AMD EPYC with AVX-512", "2 cores of an AMD EPYC without AVX-512"
+    record = tmp_path / "course_times.json"
+    record.write_text(json.dumps({
+        slow: {"measured": "later", "matmul_gflops": 98.0, "notebooks": {"00_setup": 20.0, "02_pretraining": 1200.0,
+                                                                          "03_finetuning": 540.0}},
+        fast: {"measured": "earlier", "matmul_gflops": 214.3, "notebooks": {"00_setup": 9.0, "02_pretraining": 600.0,
+                                                                             "03_finetuning": 600.0}}}))
+    monkeypatch.setattr(profiles, "COURSE_TIMES", record)
+    monkeypatch.setattr(profiles, "cpu_matmul_flops", lambda: 50e9)  # slower than either: no matter
     cpu = types.SimpleNamespace(platform="cpu")
     minutes, source = profiles.course_minutes("cpu", cpu, 1)
-    assert minutes == {"00_setup": pytest.approx((0.2, 0.4)), "02_pretraining": pytest.approx((10.0, 20.0))}
-    assert "scaled by this CPU's float32 matmul speed, 50 GFLOP/s against 100 there" in source
+    assert minutes == {"00_setup": pytest.approx((0.15, 20 / 60)), "02_pretraining": pytest.approx((10.0, 20.0)),
+                       "03_finetuning": pytest.approx((9.0, 10.0))}  # each notebook's own least and most
+    assert source == (f"measured by `make course` (docs/course_times.json) on {fast} (20 min in all) and {slow} "
+                      "(29 min in all); another CPU, or one busy with other work, may take longer")
     monkeypatch.setenv("T5NB_PROFILE", "cpu")
     monkeypatch.setenv("T5NB_RUNS_DIR", str(tmp_path))
-    monkeypatch.setenv("T5NB_NOTEBOOK", "00_setup")  # as `t5nb course` runs it: the speed is recorded
+    monkeypatch.setenv("T5NB_NOTEBOOK", "00_setup")  # as `t5nb course` runs it: the CPU is recorded
     monkeypatch.setattr(setup_cell, "keep_compiled_programs", lambda: tmp_path)
+    t5nb.choose_profile("detected", "02_pretraining")
+    assert json.loads((tmp_path / "headlines" / "00_setup.json").read_text()) == {
+        "cpu": system.cpu_description(), "matmul_gflops": 50.0}
+    said = capsys.readouterr().out
+    assert "this notebook, 02_pretraining: about 10-20 min on cpu" in said
+    assert "the course in about 19-30 min (00: under a minute, 02: 10-20 min, 03: 9-10 min)" in said
+    record.write_text(json.dumps({slow: json.loads(record.read_text())[slow]}))
+    minutes, source = profiles.course_minutes("cpu", cpu, 1)
+    assert minutes == {"00_setup": pytest.approx((1 / 3,) * 2), "02_pretraining": (20.0, 20.0),
+                       "03_finetuning": (9.0, 9.0)}  # one kind: least and most alike
+    assert source.startswith(f"measured by `make course` (docs/course_times.json) on {slow} (29 min in all);")
+    monkeypatch.delenv("T5NB_NOTEBOOK")  # a learner's setup cell records nothing, and times no matmul
+    monkeypatch.setattr(profiles, "cpu_matmul_flops", lambda: pytest.fail("a matmul timed outside `t5nb course`"))
+    (tmp_path / "headlines" / "00_setup.json").unlink()
     t5nb.choose_profile("detected", "00_setup")
-    assert json.loads((tmp_path / "headlines" / "00_setup.json").read_text()) == {"matmul_gflops": 50.0}
+    assert not list((tmp_path / "headlines").iterdir())
     said = capsys.readouterr().out
     assert "this notebook, 00_setup: under a minute on cpu" in said and "about under" not in said
-    assert "the course in about 10-20 min (00: under a minute, 02: 10-20 min)" in said
-    record.write_text(json.dumps({"02_pretraining": {"wall_s": 600.0}}))
-    minutes, source = profiles.course_minutes("cpu", cpu, 1)
-    assert minutes == {"02_pretraining": (10.0, 10.0)} and "not scaled to this CPU" in source
+    assert "the course in about 29 min (00: under a minute, 02: 20 min, 03: 9 min)" in said
+    record.write_text("{}")
+    assert profiles.course_minutes("cpu", cpu, 1) is None
+
+
+def test_the_cpu_is_described_by_its_model_its_cores_and_whether_it_has_avx_512():
+    xeon = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) CPU @ 2.20GHz\nflags\t\t: fpu avx2 avx512f avx512bw\n"
+    assert system.cpu_description(xeon + xeon.replace(": 0", ": 1"), 2) == "2 cores of an Intel Xeon with AVX-512"
+    epyc = "model name\t: AMD EPYC 7B13 64-Core Processor\nflags\t\t: fpu avx2 avx512_bf16\n"
+    assert system.cpu_description(epyc, 1) == "1 core of an AMD EPYC 7B13 without AVX-512"
+    assert system.cpu_description("processor\t: 0\nmodel name\t: Neoverse-N1\nFeatures\t: fp asimd\n", 4) == \
+        "4 cores of a Neoverse-N1"  # no x86 flags: nothing said of AVX-512
+    assert system.cpu_description().startswith(f"{len(os.sched_getaffinity(0))} core")
 
 
 def test_minutes_are_said_in_whole_minutes_as_a_range_where_the_ends_round_apart():

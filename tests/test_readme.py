@@ -35,10 +35,42 @@ def test_readme_course_table_is_the_recorded_course():
     assert set(results) == {path.stem for path in (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
 
 
-def test_the_setup_cells_course_time_names_the_cpu_the_readmes_table_was_measured_on():
-    from t5nb.profiles import MEASURED_ON
+def test_the_readmes_table_names_the_cpu_of_the_record_whose_times_the_setup_cell_tells():
+    from t5nb.profiles import COURSE_TIMES
 
-    assert " ".join((ROOT / "README.md").read_text(encoding="utf-8").split()).count(f"on {MEASURED_ON}") == 1
+    results = json.loads(course_table.RECORD.read_text())
+    cpu = course_table.machine(results)
+    assert " ".join((ROOT / "README.md").read_text(encoding="utf-8").split()).count(f"on {cpu}") == 1
+    assert course_table.TIMES == COURSE_TIMES
+    kept = json.loads(COURSE_TIMES.read_text())
+    assert kept[cpu]["notebooks"] == {name: entry["wall_s"] for name, entry in results.items()}
+    assert course_table.updated_times(kept, results, "today") == kept  # the record's CPU as on record
+
+
+def test_the_course_times_keep_each_cpus_entry_and_write_that_of_the_results():
+    """A course on another CPU adds its entry beside the kept one; run again there, it replaces
+    its own; results with a failed notebook, or that name no one CPU (a notebook of an earlier
+    run on another machine, or none recorded), are refused."""
+    slow = "2 cores of an AMD EPYC without AVX-512"
+    kept = {"2 cores of an AMD EPYC with AVX-512": {"measured": "then", "matmul_gflops": 214.3,
+                                                    "notebooks": {"00_setup": 9.1, "02_pretraining": 502.6}}}
+    results = {"00_setup": {"wall_s": 20.0, "ok": True, "cpu": slow, "matmul_gflops": 97.0},
+               "02_pretraining": {"wall_s": 1200.0, "ok": True, "cpu": slow, "matmul_gflops": 99.0}}
+    added = course_table.updated_times(kept, results, "now")
+    assert added == {**kept, slow: {"measured": "now", "matmul_gflops": 98.0,
+                                    "notebooks": {"00_setup": 20.0, "02_pretraining": 1200.0}}}
+    results["02_pretraining"]["wall_s"] = 1100.0
+    again = course_table.updated_times(added, results, "later")
+    assert list(again) == list(added) and again[slow]["notebooks"]["02_pretraining"] == 1100.0
+    assert course_table.machine(results) == slow
+    results["02_pretraining"]["ok"] = False
+    with pytest.raises(ValueError, match="02_pretraining failed"):
+        course_table.updated_times(kept, results, "now")
+    results["02_pretraining"]["ok"] = True
+    for cpu in ("2 cores of an AMD EPYC with AVX-512", None):
+        results["00_setup"]["cpu"] = cpu
+        with pytest.raises(ValueError, match="no one CPU"):
+            course_table.updated_times(kept, results, "now")
 
 
 def test_the_table_reads_every_number_from_the_results():

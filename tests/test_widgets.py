@@ -133,5 +133,11 @@ def test_tensorboard_off_starts_no_server_and_prints_the_command_that_shows_the_
     monkeypatch.setenv(widgets.OFF, "0")
     monkeypatch.setattr(manager, "start", lambda *args, **kwargs: pytest.fail("a server was started"))
     widgets.tensorboard(tmp_path / "a", tmp_path / "b")
-    assert capsys.readouterr().out == (f"TensorBoard not started (T5NB_TENSORBOARD=0); `tensorboard --logdir_spec "
-                                       f"a:{tmp_path / 'a'},b:{tmp_path / 'b'}` shows these runs\n")
+    printed = capsys.readouterr().out
+    assert printed == (f"TensorBoard not started (T5NB_TENSORBOARD=0); this command shows these runs:\n"
+                       f"tensorboard --logdir_spec \\\na:{tmp_path / 'a'},\\\nb:{tmp_path / 'b'}\n")
+    command = printed.split("\n", 1)[1]  # as a shell reads it, one line per run: the command the server gets
+    assert subprocess.run(["bash", "-c", f"printf '%s|' {command}"], capture_output=True, text=True).stdout == \
+        f"tensorboard|--logdir_spec|a:{tmp_path / 'a'},b:{tmp_path / 'b'}|"
+    widgets.tensorboard(tmp_path / "a")
+    assert capsys.readouterr().out.endswith(f"shows these runs:\ntensorboard --logdir {tmp_path / 'a'}\n")

@@ -187,6 +187,14 @@ def test_pretrained_checkpoint_says_first_when_it_must_pretrain(tmp_path, monkey
     assert capsys.readouterr().out == ""  # finished: nothing to say
 
 
+def test_a_profile_without_published_checkpoints_fine_tunes_none_and_says_what_the_cell_does_with_them(capsys):
+    assert workflow.finetune_published(t5nb.get_profile("ci"), tasks.SLOT_FILLING, "runs/ci/pretraining") == {}
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in printed] == list(workflow.PUBLISHED)
+    assert "so nothing is fine-tuned here" in printed[0] and "fine-tunes hf://google/t5-v1_1-small as above" in printed[0]
+    assert "fine-tunes gs://t5-data/pretrained_models/t5x/t5_1_1_small/checkpoint_1000000 as above" in printed[1]
+
+
 def test_without_02s_run_a_profile_with_a_published_checkpoint_fine_tunes_it_and_pretrains_nothing(
         tmp_path, monkeypatch, capsys):
     """As Colab and Kaggle open a notebook, in a runtime of its own: no run of notebook 02, so the
