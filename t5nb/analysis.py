@@ -3,6 +3,7 @@ where the errors cluster, and whether the model's own score tells right answers 
 import collections
 import math
 
+import numpy as np
 import pandas as pd
 from t5.evaluation import qa_utils
 
@@ -35,13 +36,44 @@ def answer_relations(predictions: pd.DataFrame) -> pd.Series:
     return pd.Series(kind, dtype=object).value_counts().reindex(kinds, fill_value=0)
 
 
+def clustered_standard_error(sums, sizes) -> float:
+    """The standard error of a mean over N questions that come in G clusters (the facts world's
+    people: a person's questions are right or wrong together), from each cluster's sum of the
+    per-question values (questions right; or, for two models on the same questions, the
+    per-question differences) and its number of questions. The cluster-robust estimate: with
+    m = sum(sums) / N,
+
+        sqrt(G / (G - 1) * sum_g (sums_g - m sizes_g)^2) / N;
+
+    NaN for one cluster, which says nothing of how much clusters differ. Questions that are
+    independent, each its own cluster, give about sqrt(m (1 - m) / N)."""
+    sums, sizes = np.asarray(sums, dtype=float), np.asarray(sizes, dtype=float)
+    clusters, questions = len(sums), sizes.sum()
+    if clusters < 2:
+        return math.nan
+    residuals = sums - sums.sum() / questions * sizes
+    return math.sqrt(clusters / (clusters - 1) * (residuals**2).sum()) / questions
+
+
 def accuracy_by(scored: pd.DataFrame, by) -> pd.DataFrame:
-    """Questions, exact match (%) and its standard error (points: a group of n questions at EM p
-    differs from another as much by chance as sqrt(p (1 - p) / n)) per group of `by` (a column
-    name or a Series)."""
-    return scored.groupby(by, observed=True)["correct"].agg(
-        questions="size", em=lambda c: round(100 * c.mean(), 1),
-        standard_error=lambda c: round(100 * math.sqrt(c.mean() * (1 - c.mean()) / len(c)), 1))
+    """Questions, exact match (%) and its standard error (points) per group of `by` (a column
+    name or a Series). Where the questions name a person (a `person` column from
+    `with_question_facts`: the facts world's), the error is clustered by person
+    (`clustered_standard_error`; a question without one counts as a person of its own), since a
+    person's questions are right or wrong together and a group of n questions about few people
+    varies by chance more than n independent ones. Elsewhere (NQ's or TriviaQA's questions) the
+    questions are taken as independent: sqrt(p (1 - p) / n) at EM p."""
+    keys = scored[by] if isinstance(by, str) else by
+    table = scored.groupby(keys, observed=True)["correct"].agg(questions="size", em=lambda c: round(100 * c.mean(), 1))
+    if "person" in scored and scored["person"].notna().any():
+        own = pd.Series([f"question {position}" for position in range(len(scored))], index=scored.index)
+        clusters = scored["person"].fillna(own)
+        counts = scored.groupby([keys, clusters], observed=True)["correct"].agg(["sum", "size"])
+        errors = counts.groupby(level=0, observed=True).apply(
+            lambda group: clustered_standard_error(group["sum"], group["size"]))
+    else:
+        errors = scored.groupby(keys, observed=True)["correct"].agg(lambda c: math.sqrt(c.mean() * (1 - c.mean()) / len(c)))
+    return table.assign(standard_error=(100 * errors).round(1))
 
 
 def reliability(scored: pd.DataFrame, bins: int = 8) -> pd.DataFrame:

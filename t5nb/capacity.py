@@ -18,7 +18,9 @@ difference, 119 bits there. They find about 2 bits per parameter once each fact 
 about 1,000 times (about 1 bit at 100 exposures).
 
 - `pretraining_comparison`: pretraining with span corruption alone and with SSM, the same
-  steps, then the same closed-book fine-tuning: held-out-people exact match of each.
+  steps, then the same closed-book fine-tuning: held-out-people exact match of each, with the
+  questions right per person, from which `standard_error` (clustered by person) and `_gain`
+  (paired: both models answer the same questions) come.
 - `size_sweep`: the same for models of several widths.
 - `capacity_grid`: models of several widths memorise worlds of several sizes by SSM, a fixed
   number of exposures per fact; the bits each holds (`knowledge_bits`).
@@ -27,16 +29,17 @@ import collections
 import math
 
 import numpy as np
+import pandas as pd
 
-from t5nb import decode, evaluate, tasks
+from t5nb import analysis, decode, evaluate, tasks
 from t5nb.checkpoints import abstract_params
 from t5nb.recipe import Data, Recipe, Run
 from t5nb.tasks import world
 from t5nb.tasks.offline import PRETRAINING, QA, SPAN_CORRUPTION
 from t5nb.train import run_recipe
 from t5nb.trainer import TrainConfig
-from t5nb.workflow import (evaluated_examples, finetune_and_evaluate, finetune_dir, pretrained_checkpoint,
-                           pretraining_dir, pretraining_recipe, record_headline, runs_dir)
+from t5nb.workflow import (finetune_and_evaluate, finetune_dir, pretrained_checkpoint, pretraining_dir,
+                           pretraining_recipe, record_headline, runs_dir)
 
 # The models of 06 are T5.1.1-mini's shape (3 + 3 layers, 2 heads, gated-GELU MLP) at another
 # width: mini is width 128.
@@ -112,10 +115,31 @@ def fact_losses(model, task: str, batch_size: int = 512) -> dict:
 # -- the three measurements ----------------------------------------------------------------------
 def _closed_book_em(profile, init, name: str) -> dict:
     """Held-out-people exact match of `init` fine-tuned on the facts world's training questions:
-    {"em", "examples": the questions it is on}."""
+    {"em", "examples": the questions it is on, "by_person": {person: [questions right, questions]}}."""
     _, result, metrics = finetune_and_evaluate(profile, QA, init, name=name, record=False, progress=False)
     print(f"{name}: fine-tuned on {QA} for {result.history[-1]['step']:,} steps; held-out-people EM {metrics['em']:.1f}%")
-    return {"em": metrics["em"], "examples": evaluated_examples(result, QA)}
+    predictions = evaluate.read_predictions(result.model_dir, QA, int(result.state.step))
+    return {"em": metrics["em"], "examples": len(predictions), "by_person": correct_by_person(predictions)}
+
+
+def correct_by_person(predictions: pd.DataFrame) -> dict:
+    """{person: [questions right, questions]} of facts-world `predictions` (`evaluate.read_predictions`),
+    what a standard error clustered by person needs (and, for two models on the same questions,
+    a paired one: see `_gain`), 200 pairs where the 2,000 questions are."""
+    scored = analysis.with_question_facts(analysis.with_correctness(predictions))
+    counts = scored.groupby("person")["correct"].agg(["sum", "size"])
+    return {person: [int(right), int(questions)] for person, (right, questions) in counts.iterrows()}
+
+
+def em_table(table: dict) -> pd.DataFrame:
+    """`pretraining_comparison`'s or `size_sweep`'s table, a row each as `summary` gives it."""
+    return pd.DataFrame.from_dict({name: summary(row) for name, row in table.items()}, orient="index")
+
+
+def summary(row: dict) -> dict:
+    """A row of `pretraining_comparison` or `size_sweep` with its EM's `standard_error` in place
+    of its questions right per person (as the headlines record it: results.json stays small)."""
+    return {**{key: value for key, value in row.items() if key != "by_person"}, "standard_error": standard_error(row)}
 
 
 def _pretraining_recipe(profile, task: str, width: int):
@@ -142,24 +166,25 @@ def _pretraining(profile, task: str, width: int):
 
 def pretraining_comparison(profile) -> dict:
     """Closed-book EM after span corruption alone and after span corruption + SSM, the same
-    steps at `profile.ssm_width`; recorded as the headline `ssm`."""
+    steps at `profile.ssm_width`: {label: width, steps, "em", its "examples" and "by_person"};
+    recorded (as `summary` gives each row) as the headline `ssm`."""
     width, table = profile.ssm_width, {}
     for label, task in PRETRAINING_OBJECTIVES.items():
         run, name, _ = _pretraining(profile, task, width)
         table[label] = {"width": width, "steps": profile.knowledge_steps, **_closed_book_em(profile, run, name)}
-    record_headline(ssm=table)
+    record_headline(ssm={label: summary(row) for label, row in table.items()})
     return table
 
 
 def size_sweep(profile) -> dict:
     """Closed-book EM after the same span corruption + SSM pretraining, for each width of
-    `profile.knowledge_widths`: {width: parameter counts, "em" and its "examples"}; recorded as
-    the headline `sizes`."""
+    `profile.knowledge_widths`: {width: parameter counts, "em", its "examples" and "by_person"};
+    recorded (as `summary` gives each row) as the headline `sizes`."""
     table = {}
     for width in profile.knowledge_widths:
         run, name, config = _pretraining(profile, PRETRAINING, width)
         table[width] = {**parameter_counts(config), **_closed_book_em(profile, run, name)}
-    record_headline(sizes=table)
+    record_headline(sizes={width: summary(row) for width, row in table.items()})
     return table
 
 
@@ -241,26 +266,39 @@ PAPERS = {
 
 
 def standard_error(row: dict) -> float:
-    """The standard error (points) of a row's EM (%) over its `examples` questions, as if they
-    were independent (a person's questions are not, and one seed leaves training's noise out:
-    the true noise is larger)."""
-    p = row["em"] / 100
-    return 100 * math.sqrt(p * (1 - p) / row["examples"])
+    """The standard error (points) of a row's EM over its questions, clustered by person
+    (`analysis.clustered_standard_error` of its `by_person` counts): a person's questions are
+    right or wrong together. It is the noise of asking these people rather than others; one
+    seed leaves training's noise out, so the true noise is larger."""
+    right, questions = zip(*row["by_person"].values())
+    return 100 * analysis.clustered_standard_error(right, questions)
 
 
 def _gain(better: dict, worse: dict) -> tuple[float, float]:
-    """`better`'s EM minus `worse`'s (points), and that difference's standard error."""
-    return better["em"] - worse["em"], math.hypot(standard_error(better), standard_error(worse))
+    """`better`'s EM minus `worse`'s (points), and that difference's standard error, paired: both
+    models answered the same questions, so it is the error of the mean per-question difference
+    (right minus right: -1, 0 or 1), clustered by person, whose sums per person are the
+    differences of the two rows' `by_person` counts. Where both models know the same people it
+    is smaller than the two errors' hypot, which takes them as independent. One seed each:
+    training's noise is left out."""
+    people = better["by_person"].keys()
+    if people != worse["by_person"].keys() or any(better["by_person"][p][1] != worse["by_person"][p][1] for p in people):
+        raise ValueError("a paired gain needs two rows on the same questions: their people or questions per person differ")
+    differences = [better["by_person"][person][0] - worse["by_person"][person][0] for person in people]
+    questions = [better["by_person"][person][1] for person in people]
+    return better["em"] - worse["em"], 100 * analysis.clustered_standard_error(differences, questions)
 
 
 def ssm_finding(ssm: dict) -> dict:
     """`pretraining_comparison`'s result beside Roberts et al.'s, and whether they agree: SSM's
-    gain counts where it exceeds twice its standard error (one seed each, so that is a floor)."""
+    gain counts where it exceeds twice its standard error (`_gain`: paired, clustered by person;
+    one seed each, so that is a floor)."""
     with_ssm, without = ssm["span corruption + SSM"], ssm["span corruption"]
     gain, error = _gain(with_ssm, without)
     return {"result": "salient span masking", "paper": PAPERS["ssm"],
             "ours": (f"held-out-people EM {with_ssm['em']:.1f}% after span corruption + SSM, "
-                     f"{without['em']:.1f}% after span corruption alone ({gain:+.1f} ± {error:.1f} points, one seed; "
+                     f"{without['em']:.1f}% after span corruption alone ({gain:+.1f} ± {error:.1f} points, "
+                     f"standard error paired and clustered by person, one seed; "
                      f"a uniform guess gets {world.uniform_guess_accuracy():.1f}%; width {with_ssm['width']}, "
                      f"{with_ssm['steps']:,} steps)"),
             "agree": ("yes" if gain > 2 * error else "no: SSM did worse at this width and length"
@@ -269,7 +307,7 @@ def ssm_finding(ssm: dict) -> dict:
 
 def size_finding(sizes: dict) -> dict:
     """`size_sweep`'s result beside Roberts et al.'s, and whether they agree: each step up in
-    size judged as `ssm_finding` judges SSM's gain."""
+    size judged as `ssm_finding` judges SSM's gain (paired, clustered by person, one seed each)."""
     rows = sorted(sizes.values(), key=lambda row: row["parameters"])
     steps = [_gain(larger, smaller) for smaller, larger in zip(rows, rows[1:])]
     return {"result": "model size", "paper": PAPERS["sizes"],

@@ -1,5 +1,7 @@
 """Error analysis: correctness as T5's SQuAD EM counts it, groups, the score's reliability, and
 how often each person appears in the training batches."""
+import math
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -29,16 +31,47 @@ def test_facts_questions_give_relation_and_person_and_others_nothing():
     assert scored["relation"].fillna("-").tolist() == ["birth_city", "employer", "birth_year", "-"]
     assert scored["person"].fillna("-").tolist() == ["Ada Klimberg", "Ada Klimberg", "Ida Brelmov", "-"]
     by_relation = analysis.accuracy_by(scored, "relation")
-    assert by_relation.to_dict("index") == {"birth_city": {"questions": 1, "em": 100.0, "standard_error": 0.0},
-                                            "birth_year": {"questions": 1, "em": 100.0, "standard_error": 0.0},
-                                            "employer": {"questions": 1, "em": 0.0, "standard_error": 0.0}}
+    assert by_relation[["questions", "em"]].to_dict("index") == {"birth_city": {"questions": 1, "em": 100.0},
+                                                                 "birth_year": {"questions": 1, "em": 100.0},
+                                                                 "employer": {"questions": 1, "em": 0.0}}
+    assert by_relation["standard_error"].isna().all()  # one person each: clustered by person, no error to give
 
 
-def test_accuracy_by_group_gives_the_standard_error_of_its_em():
+def test_accuracy_by_group_without_people_takes_the_questions_as_independent():
+    """NQ's or TriviaQA's questions name no person: sqrt(p (1 - p) / n), with a person column or without."""
     scored = pd.DataFrame({"group": ["a"] * 100 + ["b"] * 400, "correct": [True, False] * 50 + [True] * 360 + [False] * 40})
+    for frame in (scored, scored.assign(person=None)):
+        table = analysis.accuracy_by(frame, "group")
+        assert table.loc["a"].tolist() == [100, 50.0, 5.0]  # sqrt(0.5 * 0.5 / 100)
+        assert table.loc["b"].tolist() == [400, 90.0, 1.5]  # sqrt(0.9 * 0.1 / 400)
+
+
+def test_the_clustered_standard_error_by_hand():
+    """2 people x 2 questions, one all right, one all wrong: m = 2/4, residuals 2 - 1 = 1 and
+    0 - 1 = -1, sqrt(2 / 1 * 2) / 4 = 0.5, twice sqrt(0.5 * 0.5 / 4) = 0.25 of independent questions."""
+    assert analysis.clustered_standard_error([2, 0], [2, 2]) == pytest.approx(0.5)
+    # the same 2 of 4 right, one of each person's: the people do not differ, nor do their sums
+    assert analysis.clustered_standard_error([1, 1], [2, 2]) == 0.0
+    # 3 people of 1, 2 and 3 questions, 1, 0 and 3 right: m = 4/6, residuals 1/3, -4/3, 1
+    assert analysis.clustered_standard_error([1, 0, 3], [1, 2, 3]) == pytest.approx(
+        (3 / 2 * (1 / 9 + 16 / 9 + 1)) ** 0.5 / 6) == pytest.approx(0.3469, abs=1e-4)
+    # independent questions, each its own person: sqrt(n / (n - 1) * p (1 - p) / n)
+    assert analysis.clustered_standard_error([1] * 90 + [0] * 10, [1] * 100) == pytest.approx((0.09 / 99) ** 0.5)
+    assert math.isnan(analysis.clustered_standard_error([3], [5]))  # one person: nothing to compare
+
+
+def test_accuracy_by_clusters_the_error_by_person_where_the_questions_name_one():
+    """Group a: 2 people x 2 questions, each all right or all wrong: 50.0 points, not the 25.0 of
+    4 independent questions. Group b: 4 people of one question each (a question without a person
+    counts as a person of its own): sqrt(4 / 3 * 4 * 0.25) / 4 = 28.9 points."""
+    scored = pd.DataFrame({"group": ["a"] * 4 + ["b"] * 4, "person": ["Ada", "Ada", "Ida", "Ida", "Ada", "Ida", "Una", None],
+                           "correct": [True, True, False, False, True, False, True, False]})
     table = analysis.accuracy_by(scored, "group")
-    assert table.loc["a"].tolist() == [100, 50.0, 5.0]  # sqrt(0.5 * 0.5 / 100)
-    assert table.loc["b"].tolist() == [400, 90.0, 1.5]  # sqrt(0.9 * 0.1 / 400)
+    assert table.to_dict("index") == {"a": {"questions": 4, "em": 50.0, "standard_error": 50.0},
+                                      "b": {"questions": 4, "em": 50.0, "standard_error": 28.9}}
+    assert analysis.accuracy_by(scored.drop(columns="person"), "group")["standard_error"].tolist() == [25.0, 25.0]
+    quantiles = analysis.accuracy_by_quantiles(scored.assign(mentions=[1, 1, 2, 2, 3, 4, 5, 6]), "mentions", bins=2)
+    assert quantiles["standard_error"].tolist() == [50.0, 28.9]  # the same groups, by a Series
 
 
 def test_every_question_form_of_the_world_parses_back():

@@ -4,9 +4,10 @@ import json
 import math
 import pathlib
 
+import pandas as pd
 import pytest
 
-from t5nb import capacity, evaluate, tasks
+from t5nb import analysis, capacity, evaluate, tasks
 from t5nb.tasks import world
 
 
@@ -71,6 +72,15 @@ def test_a_world_in_memory_is_made_for_any_number_of_people_and_the_probe_asks_e
         assert answer == f"<extra_id_0> {value}"
 
 
+def test_each_relations_probe_is_a_paraphrase_no_other_relation_has():
+    for relation, (_, paraphrases, _) in world.RELATIONS.items():
+        others = {p for other, (_, ps, _) in world.RELATIONS.items() if other != relation for p in ps}
+        assert world.probe_paraphrase(relation) in paraphrases and world.probe_paraphrase(relation) not in others
+    assert world.probe_paraphrase("birth_city") == "{name} came into the world in {value}."  # not "was born in"
+    person = world.make_people(1)[0]
+    assert world.probe_statements([person])[0] == f"{person.name} came into the world in {person.facts['birth_city']}."
+
+
 def test_write_world_takes_the_number_of_people(tmp_path):
     paths = world.write_world(tmp_path, num_people=12)
     facts = [json.loads(line) for line in paths["facts"].read_text().splitlines()]
@@ -88,24 +98,92 @@ def test_a_tied_model_counts_its_one_embedding():
     assert capacity.parameter_counts(untied)["parameters"] == counts["parameters"] + embedding
 
 
-def _em(em: float, examples: int = 2000, **row) -> dict:
-    return {"em": em, "examples": examples, **row}
+def _row(right: list, questions: int = 10, **row) -> dict:
+    """A row of `pretraining_comparison` or `size_sweep` whose person i got right[i] of `questions` right."""
+    return {"em": 100 * sum(right) / (questions * len(right)), "examples": questions * len(right),
+            "by_person": {f"Person {i}": [r, questions] for i, r in enumerate(right)}, **row}
 
 
-def test_a_gain_counts_only_beyond_twice_its_standard_error_and_chance_is_shown():
-    """SSM's gain and each size step: "yes" beyond twice the difference's standard error,
+def _predictions(examples: list, right: list) -> pd.DataFrame:
+    """Answers to facts-world `examples` (10 per person, person by person): of person i's, the
+    first right[i] right (or, right[i] < 0, the last -right[i]), the rest wrong."""
+    rows = []
+    for position, example in enumerate(examples):
+        person, index = divmod(position, 10)
+        correct = index < right[person] if right[person] >= 0 else index >= 10 + right[person]
+        rows.append({"input": world.QA_PREFIX + example["question"], "target": example["answer"],
+                     "prediction": example["answer"] if correct else "nobody knows", "score": 0.0})
+    return pd.DataFrame(rows)
+
+
+def test_a_rows_error_is_clustered_by_person_and_a_gain_is_paired_over_the_same_questions():
+    """4 held-out people x 10 questions. The worse model gets 2, 4, 0, 2 right (the last ones of
+    each), the better 6, 8, 2, 8 (the first ones): the per-question differences (-1, 0 or 1)
+    sum per person to 4, 4, 2, 6, mean 16/40, residuals 0, 0, -2, 2, so the paired error is
+    sqrt(4/3 * 8) / 40 = 8.2 points, where taking the models as independent would give
+    hypot(8.2, 14.1) = 16.3 (worse: residuals 0, 2, -2, 0; better: 0, 2, -4, 2)."""
+    examples = world.qa_examples(world.make_people(), "heldout")[:40]
+    assert len({example["entity"] for example in examples}) == 4
+    worse_predictions = _predictions(examples, [-2, -4, 0, -2])
+    better_predictions = _predictions(examples, [6, 8, 2, 8])
+    worse, better = ({"em": 100 * analysis.with_correctness(predictions)["correct"].mean(),
+                      "by_person": capacity.correct_by_person(predictions)}
+                     for predictions in (worse_predictions, better_predictions))
+    assert sorted(worse["by_person"].values()) == [[0, 10], [2, 10], [2, 10], [4, 10]]
+    assert worse["em"] == pytest.approx(20.0) and better["em"] == pytest.approx(60.0)
+    assert capacity.standard_error(worse) == pytest.approx(100 * math.sqrt(4 / 3 * 8) / 40)
+    assert capacity.standard_error(better) == pytest.approx(100 * math.sqrt(4 / 3 * 24) / 40)
+    differences = (analysis.with_correctness(better_predictions)["correct"].astype(int)
+                   - analysis.with_correctness(worse_predictions)["correct"].astype(int))
+    assert sorted(differences.unique()) == [-1, 0, 1]
+    gain, error = capacity._gain(better, worse)
+    assert gain == pytest.approx(40.0) and error == pytest.approx(100 * math.sqrt(4 / 3 * 8) / 40)
+    assert error == pytest.approx(8.165, abs=1e-3)
+    assert math.hypot(capacity.standard_error(better), capacity.standard_error(worse)) == pytest.approx(16.33, abs=0.01)
+    other = {**worse, "by_person": {**worse["by_person"], "Somebody Else": [1, 10]}}
+    with pytest.raises(ValueError, match="same questions"):
+        capacity._gain(better, other)
+
+
+def test_the_headline_keeps_a_rows_error_not_its_counts_per_person():
+    row = _row([10, 0], width=32, steps=1000)  # 2 people, all right and all wrong: sqrt(2 * 50) / 20 = 50 points
+    assert capacity.summary(row) == {"em": 50.0, "examples": 20, "width": 32, "steps": 1000,
+                                     "standard_error": pytest.approx(50.0)}
+    table = capacity.em_table({"span corruption": row})
+    assert list(table.columns) == ["em", "examples", "width", "steps", "standard_error"]
+    assert table.loc["span corruption", "width"] == 32
+
+
+BASE = [k % 9 for k in range(200)]  # questions right of 200 people x 10: 793 of 2,000, 39.65%
+SPREAD = [r + (k % 10 == 0) for k, r in enumerate(BASE)]  # 20 people one question more: +1.0 points
+CONCENTRATED = [r + 5 * (k < 2) for k, r in enumerate(BASE)]  # 2 people five more: +0.5 points
+ALL = [r + 1 for r in BASE]  # every person one more: +10.0 points
+
+
+def test_a_gain_counts_only_beyond_twice_its_paired_standard_error_and_chance_is_shown():
+    """SSM's gain and each size step: "yes" beyond twice the paired difference's standard error,
     "not resolved" or "in part" within it; the uniform guess stands beside the EMs."""
-    clear = {"span corruption": _em(6.0, width=32, steps=1000), "span corruption + SSM": _em(20.45, width=32, steps=1000)}
+    clear = {"span corruption": _row(BASE, width=32, steps=1000), "span corruption + SSM": _row(SPREAD, width=32, steps=1000)}
     finding = capacity.ssm_finding(clear)
-    assert finding["agree"] == "yes" and "+14.4 ± 1.0 points" in finding["ours"]
+    # 20 people's one more: residuals 0.9 (x 20) and -0.1 (x 180), sqrt(200/199 * 18) / 2000 = 0.21 points
+    assert finding["agree"] == "yes" and "+1.0 ± 0.2 points, standard error paired and clustered by person" in finding["ours"]
+    assert capacity._gain(clear["span corruption + SSM"], clear["span corruption"])[1] == pytest.approx(
+        100 * math.sqrt(200 / 199 * 18) / 2000)
     assert f"a uniform guess gets {world.uniform_guess_accuracy():.1f}%" in finding["ours"]
-    close = {**clear, "span corruption": _em(19.5, width=32, steps=1000)}
+    # taken as independent, the two models' errors (1.8 points each) would leave +1.0 unresolved
+    assert math.hypot(*(capacity.standard_error(row) for row in clear.values())) == pytest.approx(2.60, abs=0.01)
+    # half the gain, all of it in two people: 5 right more each, sqrt(200/199 * 49.5) / 2000 = 0.35 points
+    close = {**clear, "span corruption + SSM": _row(CONCENTRATED, width=32, steps=1000)}
+    assert capacity._gain(close["span corruption + SSM"], close["span corruption"]) == pytest.approx(
+        (0.5, 100 * math.sqrt(200 / 199 * 49.5) / 2000))
     assert capacity.ssm_finding(close)["agree"].startswith("not resolved")
-    assert capacity.standard_error(_em(50.0, examples=100)) == pytest.approx(5.0)
-    sizes = {16: _em(6.35, parameters=64016), 32: _em(20.45, parameters=183200), 128: _em(86.25, parameters=2059520)}
+    assert capacity.standard_error(_row([10, 0])) == pytest.approx(50.0)
+    sizes = {16: _row(BASE, parameters=64016), 32: _row(SPREAD, parameters=183200), 128: _row(ALL, parameters=2059520)}
     assert capacity.size_finding(sizes)["agree"] == "yes"
-    sizes[32] = _em(7.0, parameters=183200)
+    sizes[32] = _row(CONCENTRATED, parameters=183200)
     assert capacity.size_finding(sizes)["agree"].startswith("in part")
+    sizes[16] = _row(ALL, parameters=64016)
+    assert capacity.size_finding(sizes)["agree"].startswith("no: EM fell")
 
 
 def test_the_runs_06_shows_in_tensorboard_are_its_own(monkeypatch, tmp_path):
