@@ -79,6 +79,7 @@ def tensorboard(*logdirs, height: int = 560) -> None:
     tensorboard_command = pathlib.Path(sys.executable).with_name("tensorboard")  # the kernel's own
     if tensorboard_command.exists():
         os.environ.setdefault("TENSORBOARD_BINARY", str(tensorboard_command))
+    forget_stopped_servers(manager)
     started = manager.start([*where, "--reload_interval", "5"])
     if not hasattr(started, "info"):  # failed or timed out: say why, the run goes on
         print(f"TensorBoard did not start ({type(started).__name__}: {started}); "
@@ -150,6 +151,20 @@ class LoggedScalars:
         self.seen = files
         title = "TensorBoard's scalars as last logged (a still of the frame)"
         self.shown.update(logged_scalars(self.runs(), title=title))
+
+
+def forget_stopped_servers(manager) -> None:
+    """Remove the records TensorBoard keeps of servers whose process is gone (one killed with
+    its kernel leaves its record behind): `manager.start` reuses any server its record says ran
+    with the same arguments, without asking whether it still runs (TensorBoard 2.21), so a
+    notebook run again would show a page no server serves."""
+    for info in manager.get_all():
+        try:
+            os.kill(info.pid, 0)
+        except ProcessLookupError:
+            pathlib.Path(manager._get_info_dir(), f"pid-{info.pid}.info").unlink(missing_ok=True)
+        except PermissionError:  # another user's server, running
+            pass
 
 
 def _stop(pid: int) -> None:

@@ -141,3 +141,21 @@ def test_tensorboard_off_starts_no_server_and_prints_the_command_that_shows_the_
         f"tensorboard|--logdir_spec|a:{tmp_path / 'a'},b:{tmp_path / 'b'}|"
     widgets.tensorboard(tmp_path / "a")
     assert capsys.readouterr().out.endswith(f"shows these runs:\ntensorboard --logdir {tmp_path / 'a'}\n")
+
+
+def test_a_server_whose_process_is_gone_is_forgotten_before_starting_so_it_is_never_reused(tmp_path, monkeypatch):
+    """TensorBoard reuses any server its records say ran with the same arguments; a record left
+    by a server killed with its kernel would make a notebook run again show a page nobody serves."""
+    from tensorboard import manager
+
+    monkeypatch.setattr(manager, "_get_info_dir", lambda: str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    records = {}
+    for pid in (int(gone.stdout), os.getpid()):  # a process that has exited, and one that runs
+        info = manager.TensorBoardInfo(version="2.21.0", start_time=0, port=6006, pid=pid, path_prefix="",
+                                       logdir=str(tmp_path / "run"), db="", cache_key="same arguments")
+        records[pid] = tmp_path / f"pid-{pid}.info"
+        records[pid].write_text(manager._info_to_string(info))
+    widgets.forget_stopped_servers(manager)
+    assert not records[int(gone.stdout)].exists() and records[os.getpid()].exists()
+    assert [info.pid for info in manager.get_all()] == [os.getpid()]
