@@ -132,8 +132,10 @@ def correct_by_person(predictions: pd.DataFrame) -> dict:
 
 
 def em_table(table: dict) -> pd.DataFrame:
-    """`pretraining_comparison`'s or `size_sweep`'s table, a row each as `summary` gives it."""
-    return pd.DataFrame.from_dict({name: summary(row) for name, row in table.items()}, orient="index")
+    """`pretraining_comparison`'s or `size_sweep`'s table, a row each as `summary` gives it, EM
+    and its standard error to two decimals."""
+    rows = pd.DataFrame.from_dict({name: summary(row) for name, row in table.items()}, orient="index")
+    return rows.round({"em": 2, "standard_error": 2})
 
 
 def summary(row: dict) -> dict:
@@ -310,10 +312,12 @@ def size_finding(sizes: dict) -> dict:
     size judged as `ssm_finding` judges SSM's gain (paired, clustered by person, one seed each)."""
     rows = sorted(sizes.values(), key=lambda row: row["parameters"])
     steps = [_gain(larger, smaller) for smaller, larger in zip(rows, rows[1:])]
+    gains = ", ".join(f"{gain:+.1f} ± {error:.1f}" for gain, error in steps)
+    judged = f"each step up {gains} points, standard errors paired and clustered by person; " if steps else ""
     return {"result": "model size", "paper": PAPERS["sizes"],
             "ours": "held-out-people EM " + ", ".join(f"{row['em']:.1f}% at {row['parameters']:,} parameters"
                                                       for row in rows)
-                    + f" (one seed each; a uniform guess gets {world.uniform_guess_accuracy():.1f}%)",
+                    + f" ({judged}one seed each; a uniform guess gets {world.uniform_guess_accuracy():.1f}%)",
             "agree": ("one size only: nothing to compare" if len(rows) < 2
                       else "yes" if all(gain > 2 * error for gain, error in steps)
                       else "no: EM fell by more than twice its standard error with a size step"

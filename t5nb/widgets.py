@@ -1,5 +1,7 @@
 """Notebook widgets: ask a trained model a question; TensorBoard inline."""
 import atexit
+import contextlib
+import io
 import os
 import pathlib
 import signal
@@ -85,9 +87,13 @@ def tensorboard(*logdirs, height: int = 560) -> None:
         print(f"TensorBoard did not start ({type(started).__name__}: {started}); "
               f"run `{command}` in a terminal")
         return
-    if isinstance(started, manager.StartLaunched):
+    launched = isinstance(started, manager.StartLaunched)
+    if launched:
         atexit.register(_stop, started.info.pid)
-    notebook.display(port=started.info.port, height=height)
+    with contextlib.redirect_stdout(io.StringIO()):  # TensorBoard's own line names every run's path in one
+        notebook.display(port=started.info.port, height=height)
+    print(f"TensorBoard on port {started.info.port} ({'started now' if launched else 'already serving them'}), "
+          "its runs:" + "".join(f"\n  {path.name}" for path in paths))
     from IPython import get_ipython  # only a notebook shows the still
 
     if get_ipython() is not None:

@@ -179,7 +179,10 @@ def test_a_gain_counts_only_beyond_twice_its_paired_standard_error_and_chance_is
     assert capacity.ssm_finding(close)["agree"].startswith("not resolved")
     assert capacity.standard_error(_row([10, 0])) == pytest.approx(50.0)
     sizes = {16: _row(BASE, parameters=64016), 32: _row(SPREAD, parameters=183200), 128: _row(ALL, parameters=2059520)}
-    assert capacity.size_finding(sizes)["agree"] == "yes"
+    finding = capacity.size_finding(sizes)
+    assert finding["agree"] == "yes" and "each step up +1.0 ± 0.2, +9.0 ± " in finding["ours"]  # each gain it judges
+    assert capacity.size_finding({16: sizes[16]})["ours"].endswith(f"parameters (one seed each; a uniform guess gets "
+                                                                    f"{world.uniform_guess_accuracy():.1f}%)")
     sizes[32] = _row(CONCENTRATED, parameters=183200)
     assert capacity.size_finding(sizes)["agree"].startswith("in part")
     sizes[16] = _row(ALL, parameters=64016)

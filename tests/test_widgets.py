@@ -98,10 +98,11 @@ def test_tensorboard_serves_the_run_and_stops_with_the_kernel(tmp_path):
     assert not pathlib.Path(f"/proc/{pid}").exists(), f"TensorBoard (pid {pid}) outlived its kernel"
 
 
-def test_a_second_tensorboard_call_replaces_the_still_redrawn_after_each_cell(tmp_path, monkeypatch):
+def test_a_second_tensorboard_call_replaces_the_still_redrawn_after_each_cell(tmp_path, monkeypatch, capsys):
     """After two calls (the cell run again, or another cell's call), IPython's `post_run_cell`
     holds one still's redraw: the second call's, which draws where that call placed it; a hook
-    of the user's stays."""
+    of the user's stays. Each call says which runs the server shows, a run a line, in place of
+    TensorBoard's own line of every path."""
     import IPython
     import tensorboard.notebook  # the module, where `from tensorboard import notebook` gives a lazy stand-in before
     from IPython import display
@@ -117,7 +118,7 @@ def test_a_second_tensorboard_call_replaces_the_still_redrawn_after_each_cell(tm
     monkeypatch.delenv(widgets.OFF, raising=False)  # `make test` sets it
     monkeypatch.setenv("TENSORBOARD_BINARY", "tensorboard")  # what the call would otherwise set for the kernel
     monkeypatch.setattr(manager, "start", lambda *_: manager.StartReused(info=types.SimpleNamespace(port=6006)))
-    monkeypatch.setattr(tensorboard.notebook, "display", lambda port, height: None)
+    monkeypatch.setattr(tensorboard.notebook, "display", lambda port, height: print("Selecting TensorBoard with ..."))
     placed = []
     monkeypatch.setattr(display, "display", lambda bundle, raw, display_id: placed.append(object()) or placed[-1])
     for _ in range(2):
@@ -125,6 +126,7 @@ def test_a_second_tensorboard_call_replaces_the_still_redrawn_after_each_cell(tm
     stills = [hook for hook in events.callbacks["post_run_cell"] if isinstance(hook, widgets.LoggedScalars)]
     assert len(placed) == 2 and len(stills) == 1 and stills[0].shown is placed[1]
     assert own in events.callbacks["post_run_cell"]
+    assert capsys.readouterr().out == "TensorBoard on port 6006 (already serving them), its runs:\n  run\n" * 2
 
 
 def test_tensorboard_off_starts_no_server_and_prints_the_command_that_shows_the_runs(tmp_path, monkeypatch, capsys):
