@@ -521,12 +521,12 @@ def test_a_steps_model_flops_are_xlas_count_of_its_matmuls_and_count_every_scann
 
 
 def test_loading_a_finished_run_shows_no_progress_bar_and_a_run_with_steps_to_go_does(tmp_path, capfd):
-    """A notebook that only loads a finished run (03, 04 and 05 load 02's) prints no "train: 100%" bar."""
+    """A notebook that only loads a finished run (03, 04 and 05 load 02's) prints no "train run: 100%" bar."""
     trainer = Trainer(get_config("t5.1.1-tiny", vocab_size=64, dropout_rate=0.0), TrainConfig(learning_rate=1e-2))
     train(trainer, Batches(copy_batch()), 2, tmp_path / "run", log_every=2, checkpoint_every=2)
-    assert "train: 100%" in capfd.readouterr().err
+    assert "train run: 100%" in capfd.readouterr().err
     train(trainer, Batches(copy_batch()), 2, tmp_path / "run", log_every=2, checkpoint_every=2)
-    assert "train:" not in capfd.readouterr().err
+    assert "train run" not in capfd.readouterr().err
 
 
 def test_auto_remat_runs_the_least_recomputation_whose_step_fits_the_chips_memory(monkeypatch):
