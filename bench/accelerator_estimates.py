@@ -212,8 +212,9 @@ def course(profile, with_02s_run: bool = False) -> dict:
                         * profile.eval_batches, f"decode_batch_w{width}": n * batches(facts_qa)}
                        for width, n in runs.items()),
                      *(finetuning([steps] * n, f"_w{width}") for width, n in runs.items()),
+                     # a step of every seed's model at once (`capacity.memorise`), each model scored alone
                      *({f"memorise_step_w{width}": capacity.memorisation_recipe(profile, people, width).run.steps,
-                        f"score_batch_w{width}": math.ceil(people * FACT_RELATIONS / SCORE_BATCH)}
+                        f"score_batch_w{width}": profile.capacity_seeds * math.ceil(people * FACT_RELATIONS / SCORE_BATCH)}
                        for width in profile.capacity_widths for people in profile.capacity_people))
     return {
         "00_setup": {"runs": 0, "examples": 0, "counts": {"matmul_float32": 6, "matmul_bfloat16": 6}},
@@ -287,6 +288,8 @@ def course_work(profile, dtype, chips: int = 1) -> tuple[dict, dict]:
         recipe = capacity.memorisation_recipe(profile, profile.capacity_people[0], width)
         trainer = Trainer(recipe.model_config().replace(dtype=dtype), recipe.optimizer, mesh)
         train(f"memorise_step_w{width}", trainer, recipe.data.batch_size, capacity.FACT_LENGTHS, False)
+        work[f"memorise_step_w{width}"] = step_cost.stacked(work[f"memorise_step_w{width}"], profile.capacity_seeds)
+        gradients[f"memorise_step_w{width}"] *= profile.capacity_seeds
         work[f"score_batch_w{width}"] = step_cost.train_step_work(
             trainer, abstract_batch(trainer, rows(SCORE_BATCH), capacity.FACT_LENGTHS, False), step=False)
     return work, gradients

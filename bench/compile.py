@@ -157,13 +157,19 @@ def notebook_programs(profile_name: str, notebook: str) -> dict:
             restored = checkpoints.params_of(trainer.model(state.params))  # the checkpoint, per layer as restored
             state = train(tuner, fine, packed=False, params=restored, label=f" (width {width}, QA)")
             greedy(tuner.model(state.params), 64, fine["inputs"], fine["targets"], f" (width {width})")
-        # each grid width's memorising (every world the same shapes) and scoring of every fact
+        # each grid width's memorising (its seeds together; every world the same shapes) and
+        # scoring of every fact
         for width in profile.capacity_widths:
             recipe = capacity.memorisation_recipe(profile, profile.capacity_people[0], width)
             trainer = Trainer(recipe.model_config().replace(dtype=dtype), recipe.optimizer, None)
-            state = train(trainer, capacity.FACT_LENGTHS, packed=False, label=f" (memorising, width {width})",
-                          batch_size=recipe.data.batch_size)
-            scored = trainer.model(state.params)
+            seeds, rows = range(profile.capacity_seeds), recipe.data.batch_size
+            states = program(f"init (memorising, width {width})", lambda: capacity.initial_states(trainer, seeds))
+            examples = {key: tokens(rows, length) for key, length in capacity.FACT_LENGTHS.items()}
+            batches = capacity.memorisation_batches(examples, capacity.example_orders(
+                rows, capacity.MEMORISATION_CHUNK, rows, seeds))
+            states = program(f"memorise {len(seeds)} models together (width {width})",
+                             lambda: trainer.stacked_train_steps(states, jax.device_put(batches))[0])
+            scored = trainer.model(jax.tree.map(lambda leaf: leaf[0], states.params))
             program(f"score 512 facts (width {width})",
                     lambda: decode.score(scored, tokens(512, capacity.FACT_LENGTHS["inputs"]),
                                          tokens(512, capacity.FACT_LENGTHS["targets"])))

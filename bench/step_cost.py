@@ -144,6 +144,12 @@ class Work:
         return Work(*(a * times for a in dataclasses.astuple(self)))
 
 
+def stacked(work: Work, models: int) -> Work:
+    """The work of `models` copies of a program run as one, `jax.vmap` over them (notebook 06's
+    seeds, `Trainer.stacked_train_steps`): every FLOP and byte `models` times, each operation once."""
+    return Work(work.matmul_flops * models, work.bytes * models, work.operations)
+
+
 def _bytes(var) -> int:
     aval = var.aval
     return math.prod(aval.shape) * aval.dtype.itemsize if hasattr(aval.dtype, "itemsize") else 0  # keys: none

@@ -26,14 +26,20 @@ about 1,000 times (about 1 bit at 100 exposures).
   number of exposures per fact; the bits each holds (`knowledge_bits`).
 """
 import collections
+import json
 import math
+import pathlib
+import time
 
+import jax
 import numpy as np
 import pandas as pd
+from clu import metric_writers
 
 from t5nb import analysis, decode, evaluate, tasks
 from t5nb.checkpoints import abstract_params
-from t5nb.recipe import Data, Recipe, Run
+from t5nb.files import write_atomically
+from t5nb.recipe import Data, Recipe, Run, make_trainer
 from t5nb.tasks import world
 from t5nb.tasks.offline import PRETRAINING, QA, SPAN_CORRUPTION
 from t5nb.train import run_recipe
@@ -45,12 +51,17 @@ from t5nb.workflow import (finetune_and_evaluate, finetune_dir, pretrained_check
 # width: mini is width 128.
 WIDTH_BASE = "t5.1.1-mini"
 # SSM examples of the facts world are one short sentence each (at most 14 tokens with EOS in a
-# world of 1,600; the value and its sentinel 4): unpacked, one exposure of a fact per example.
-FACT_LENGTHS = {"inputs": 24, "targets": 6}
+# world of 3,000; the value with its sentinel and EOS 4): unpacked, one exposure of a fact per
+# example. `fact_examples` refuses a longer one.
+FACT_LENGTHS = {"inputs": 16, "targets": 4}
 # Memorising: 128 facts a step at a constant 3e-2 (a width-16 model, a world of 250, 40
 # exposures: 65% of the world's bits, where T5's 1e-2 stored 42% and 1e-1 12%).
+# (The models of 06's grid are far too small to fill even a CPU: `memorise` trains a width's
+# seeds as one program, `MEMORISATION_CHUNK` steps a call, and jax.nn.dot_product_attention
+# was 10% faster than the einsums at width 4.)
 MEMORISATION_BATCH = 128
 MEMORISATION_LEARNING_RATE = 3e-2
+MEMORISATION_CHUNK = 25
 PRETRAINING_OBJECTIVES = {"span corruption": SPAN_CORRUPTION, "span corruption + SSM": PRETRAINING}
 
 
@@ -103,11 +114,10 @@ def stored_bits(losses: dict, frequencies: dict) -> dict:
 def fact_losses(model, task: str, batch_size: int = 512) -> dict:
     """The model's loss (nats) on every fact of a `register_world_task` world, by relation: the
     value's tokens (with the sentinel before and EOS after) given the sentence that hides it."""
-    examples = evaluate.task_examples(task, FACT_LENGTHS)
-    inputs, targets = (np.stack([np.pad(e[key], (0, FACT_LENGTHS[key] - len(e[key]))) for e in examples])
-                       for key in ("inputs", "targets"))
+    probes = fact_examples(task, "validation")
+    inputs, targets = probes["inputs"], probes["targets"]
     scores = np.concatenate([np.asarray(decode.score(model, inputs[i:i + batch_size], targets[i:i + batch_size]))
-                             for i in range(0, len(examples), batch_size)])
+                             for i in range(0, len(inputs), batch_size)])
     relations = list(world.RELATIONS)
     return {relation: -scores[index::len(relations)] for index, relation in enumerate(relations)}
 
@@ -215,44 +225,119 @@ def _pretraining_recipes(profile) -> list:
 
 
 def memorisation_dir(profile):
-    """The folder of `memorisation_recipe`'s runs, one run per world size and width."""
+    """The folder of the memorisation runs, one per world size and width (its seeds inside)."""
     return runs_dir() / profile.name / "capacity"
 
 
 def memorisation_recipe(profile, num_people: int, width: int) -> Recipe:
     """SSM on a world of `num_people` until each fact has been seen `profile.capacity_exposures`
-    times (unpacked: one fact per example), at `width`; Adafactor at `MEMORISATION_LEARNING_RATE`."""
+    times (unpacked: one fact per example), at `width`; Adafactor at `MEMORISATION_LEARNING_RATE`.
+    `memorise` trains `profile.capacity_seeds` of it together."""
     task = tasks.register_world_task(num_people)
     batch = MEMORISATION_BATCH
-    steps = math.ceil(profile.capacity_exposures * num_people * len(world.RELATIONS) / batch)
-    return Recipe(model={**width_model(width), "dropout_rate": 0.0},
+    chunks = math.ceil(profile.capacity_exposures * num_people * len(world.RELATIONS) / batch / MEMORISATION_CHUNK)
+    steps = chunks * MEMORISATION_CHUNK  # whole chunks: one compiled program for every world
+    return Recipe(model={**width_model(width), "dropout_rate": 0.0, "attention": "dot_product_attention"},
                   data=Data(task, FACT_LENGTHS["inputs"], FACT_LENGTHS["targets"], batch, pack=False),
                   optimizer=TrainConfig(learning_rate=MEMORISATION_LEARNING_RATE),
                   run=Run(str(memorisation_dir(profile) / f"{num_people}_people_w{width}"), steps,
-                          checkpoint_every=steps, keep_checkpoints=1, log_every=max(1, steps // 10)),
+                          checkpoint_every=steps, keep_checkpoints=1),
                   source=f"capacity.memorisation_recipe({profile.name!r}, {num_people}, {width})")
 
 
-def knowledge_bits(profile, num_people: int, width: int, on_log=None) -> dict:
-    """Train `memorisation_recipe` (resumed if it exists), then count the bits its model holds."""
+def fact_examples(task: str, split: str) -> dict:
+    """A `register_world_task` world's examples of `split` as arrays padded to `FACT_LENGTHS`
+    ({"inputs", "targets"}, in order); a ValueError if one is longer (they would be cut)."""
+    examples = evaluate.task_examples(task, {key: 4 * length for key, length in FACT_LENGTHS.items()}, split)
+    arrays = {}
+    for key, length in FACT_LENGTHS.items():
+        longest = max(len(example[key]) for example in examples)
+        if longest > length:
+            raise ValueError(f"{task} ({split}): an example's {key} has {longest} tokens, "
+                             f"more than capacity.FACT_LENGTHS' {length}")
+        arrays[key] = np.stack([np.pad(example[key], (0, length - len(example[key]))) for example in examples])
+    return arrays
+
+
+def memorisation_batches(examples: dict, indices: np.ndarray) -> dict:
+    """The train steps' batches of `examples` at `indices` [steps, models, rows]: unpacked, the
+    decoder fed the targets shifted right."""
+    targets = examples["targets"][indices]
+    decoder_inputs = np.concatenate([np.zeros_like(targets[..., :1]), targets[..., :-1]], axis=-1)
+    return {"encoder_input_tokens": examples["inputs"][indices], "decoder_input_tokens": decoder_inputs,
+            "decoder_target_tokens": targets}
+
+
+def example_orders(count: int, steps: int, batch: int, seeds) -> np.ndarray:
+    """Which of `count` examples each step of each seed's model trains on, [steps, seeds, batch]:
+    pass after pass over all of them, each pass in an order of the seed's own, so that every
+    example is seen as often as every other, to within one."""
+    passes = -(-steps * batch // count)
+    return np.stack([np.concatenate([rng.permutation(count) for _ in range(passes)])[:steps * batch].reshape(steps, batch)
+                     for rng in map(np.random.default_rng, seeds)], axis=1)
+
+
+def initial_states(trainer, seeds):
+    """A freshly initialised model of each of `seeds`, with its optimizer state, stacked on a
+    leading axis on one device (small models): what `Trainer.stacked_train_steps` starts from."""
+    return jax.device_put(jax.tree.map(lambda *leaves: np.stack(leaves), *(
+        jax.device_get(trainer.init_state(trainer.init_params(seed))) for seed in seeds)))
+
+
+def memorise(profile, num_people: int, width: int) -> list:
+    """Train `profile.capacity_seeds` models of `memorisation_recipe` together (one program,
+    `Trainer.stacked_train_steps`), each on its own order of the world's sentences (every
+    sentence as often as every other, to within one pass), `MEMORISATION_CHUNK` steps a call;
+    their mean losses logged to TensorBoard. Returns each seed's model."""
     recipe = memorisation_recipe(profile, num_people, width)
-    trainer, result = run_recipe(recipe, on_log=on_log, progress=False)  # a line when done, not a bar
-    losses = fact_losses(trainer.model(result.state.params), recipe.data.task)
+    trainer, seeds = make_trainer(recipe), range(profile.capacity_seeds)
+    examples, steps = fact_examples(recipe.data.task, "train"), recipe.run.steps
+    indices = example_orders(len(examples["inputs"]), steps, recipe.data.batch_size, seeds)
+    states = initial_states(trainer, seeds)
+    writer = metric_writers.create_default_writer(pathlib.Path(recipe.run.model_dir) / "train", asynchronous=False)
+    for start in range(0, steps, MEMORISATION_CHUNK):
+        chunk = jax.device_put(memorisation_batches(examples, indices[start:start + MEMORISATION_CHUNK]))
+        states, sums = trainer.stacked_train_steps(states, chunk)
+        loss = np.asarray(sums["loss"]).sum(0) / np.asarray(sums["weight"]).sum(0)
+        writer.write_scalars(start + MEMORISATION_CHUNK, {f"loss/seed{seed}": loss[seed] for seed in seeds})
+    writer.close()
+    return [trainer.model(jax.tree.map(lambda leaf: leaf[seed], states.params)) for seed in seeds]
+
+
+def knowledge_bits(profile, num_people: int, width: int) -> dict:
+    """The bits each of `memorise`'s models holds of its world, beside the world's and the law's:
+    the row of `capacity_grid`. Kept in the run's folder, and read from there while the recipe
+    and seeds are the same (a notebook run again trains nothing)."""
+    recipe = memorisation_recipe(profile, num_people, width)
+    saved = pathlib.Path(recipe.run.model_dir) / "knowledge_bits.json"
+    settings = {"recipe": repr(recipe), "seeds": profile.capacity_seeds}
+    if saved.exists() and (kept := json.loads(saved.read_text()))["settings"] == settings:
+        return kept["row"]
+    start = time.perf_counter()
     frequencies = frequency_bits(world.make_people(num_people))
-    stored, counts = sum(stored_bits(losses, frequencies).values()), parameter_counts(trainer.model_config)
-    beyond = num_people * sum(frequencies.values())
-    print(f"{num_people:,} people, width {width}: {recipe.run.steps:,} steps; holds {stored:,.0f} of the world's "
-          f"{beyond:,.0f} bits beyond its values' frequencies")
-    facts = num_people * len(world.RELATIONS)
-    return {"people": num_people, "width": width, **counts, "world_bits": world_bits(num_people),
-            "beyond_frequencies": beyond, "stored_bits": stored, "bits_per_parameter": stored / counts["parameters"],
-            "exposures": recipe.run.steps * recipe.data.batch_size / facts}
+    stored = [sum(stored_bits(fact_losses(model, recipe.data.task), frequencies).values())
+              for model in memorise(profile, num_people, width)]
+    counts, facts = parameter_counts(recipe.model_config()), num_people * len(world.RELATIONS)
+    exposures = recipe.run.steps * recipe.data.batch_size / facts
+    row = {"people": num_people, "width": width, **counts, "world_bits": world_bits(num_people),
+           "beyond_frequencies": num_people * sum(frequencies.values()),
+           "law_bits": law_bits_per_parameter(exposures) * counts["parameters"],
+           "steps": recipe.run.steps, "exposures": exposures, "seeds": len(stored),
+           "stored_bits": float(np.mean(stored)), "stored_bits_sd": float(np.std(stored, ddof=1)) if len(stored) > 1 else 0.0,
+           "stored_by_seed": stored, "bits_per_parameter": float(np.mean(stored)) / counts["parameters"],
+           "bits_per_non_embedding": float(np.mean(stored)) / counts["non_embedding"]}
+    print(f"{num_people:,} people, width {width}: {len(stored)} seeds of {recipe.run.steps:,} steps "
+          f"({exposures:.0f} exposures) in {time.perf_counter() - start:.0f} s; hold "
+          f"{row['stored_bits']:,.0f} ± {row['stored_bits_sd']:,.0f} of the world's {row['beyond_frequencies']:,.0f} "
+          f"bits beyond its values' frequencies (the law's: {row['law_bits']:,.0f})")
+    write_atomically(saved, json.dumps({"settings": settings, "row": row}, indent=1))
+    return row
 
 
-def capacity_grid(profile, on_log=None) -> list[dict]:
+def capacity_grid(profile) -> list[dict]:
     """`knowledge_bits` for every world size of `profile.capacity_people` and width of
     `profile.capacity_widths`; recorded as the headline `capacity`."""
-    rows = [knowledge_bits(profile, people, width, on_log)
+    rows = [knowledge_bits(profile, people, width)
             for width in profile.capacity_widths for people in profile.capacity_people]
     record_headline(capacity=rows)
     return rows
@@ -325,26 +410,66 @@ def size_finding(sizes: dict) -> dict:
                       else "in part: EM rose, but not by twice its standard error at every size step")}
 
 
+def law_bits_per_parameter(exposures: float) -> float:
+    """Allen-Zhu and Li's capacity at `exposures` per fact: 2 bits per parameter from 1,000, 1
+    from 100; below 100 the paper states none, and 0 stands for that."""
+    return 2.0 if exposures >= 1000 else 1.0 if exposures >= 100 else 0.0
+
+
+def saturation(rows: list) -> dict:
+    """One width's rows of `capacity_grid`, worlds growing: whether the bits it holds stopped
+    growing with the world (the largest world's mean gain over the next smaller one within twice
+    its standard error over the seeds, or a loss), and the most it held: {"saturated", "gain",
+    "error", "ceiling" (the row holding the most)}."""
+    rows = sorted(rows, key=lambda row: row["people"])
+    ceiling = max(rows, key=lambda row: row["stored_bits"])
+    if len(rows) < 2:
+        return {"saturated": False, "gain": math.nan, "error": math.nan, "ceiling": ceiling}
+    smaller, largest = rows[-2], rows[-1]
+    gain = largest["stored_bits"] - smaller["stored_bits"]
+    error = math.hypot(smaller["stored_bits_sd"] / math.sqrt(smaller["seeds"]),
+                       largest["stored_bits_sd"] / math.sqrt(largest["seeds"]))
+    return {"saturated": gain <= 2 * error, "gain": gain, "error": error, "ceiling": ceiling}
+
+
 def capacity_finding(grid: list) -> dict:
-    """`capacity_grid`'s result beside Allen-Zhu and Li's 2 bits per parameter, and why it is
-    near it or not."""
-    best = max(grid, key=lambda row: row["bits_per_parameter"])
+    """`capacity_grid`'s result beside Allen-Zhu and Li's law, width by width: where a width's
+    bits stopped growing with the world (`saturation`), the bits per parameter it held, against
+    the law's for the exposures used; where they did not, the most it held, a floor of its capacity."""
     exposures = min(row["exposures"] for row in grid)
-    largest, smallest = max(row["beyond_frequencies"] for row in grid), min(row["parameters"] for row in grid)
-    reasons = []
-    if exposures < 1000:
-        reasons.append(f"{exposures:.0f} exposures are short of the 1,000 the law needs")
-    if largest < 2 * smallest:
-        reasons.append(f"the largest world ({largest:,.0f} bits beyond its values' frequencies) holds fewer than 2 "
-                       "bits per parameter of the "
-                       f"smallest model ({smallest:,} parameters), so no model here can show its capacity")
-    return {"result": "bits per parameter", "paper": PAPERS["capacity"],
-            "ours": (f"at most {best['bits_per_parameter']:.3f} bits per parameter ({best['stored_bits']:,.0f} of the "
-                     f"{best['beyond_frequencies']:,.0f} bits beyond its values' frequencies; width {best['width']}, "
-                     f"{best['people']:,} people) after "
-                     f"{exposures:.0f} exposures per fact"),
-            "agree": ("yes" if best["bits_per_parameter"] >= 1.5
-                      else "below the law: " + "; ".join(reasons or ["the models are under-trained"]))}
+    law = law_bits_per_parameter(exposures)
+    widths, saturated = [], []
+    for width in sorted({row["width"] for row in grid}):
+        rows = [row for row in grid if row["width"] == width]
+        found, top = saturation(rows), max(row["beyond_frequencies"] for row in rows)
+        ceiling = found["ceiling"]
+        held = (f"{ceiling['stored_bits']:,.0f} ± {ceiling['stored_bits_sd']:,.0f} bits, "
+                f"{ceiling['bits_per_parameter']:.3f} per parameter ({ceiling['bits_per_non_embedding']:.3f} "
+                f"per non-embedding parameter)")
+        if found["saturated"]:
+            saturated.append(ceiling)
+            widths.append(f"width {width} ({ceiling['parameters']:,} parameters) saturated at {held}: its largest "
+                          f"world added {found['gain']:+,.0f} ± {found['error']:,.0f} bits")
+        else:
+            widths.append(f"width {width} ({ceiling['parameters']:,} parameters) did not saturate: {held} at most, "
+                          f"still {found['gain']:+,.0f} ± {found['error']:,.0f} bits from its largest world "
+                          f"({top:,.0f} bits), so its capacity is more")
+    seeds = min(row["seeds"] for row in grid)
+    ours = "; ".join(widths) + f" ({exposures:.0f} exposures per fact, {seeds} seeds, mean ± standard deviation)"
+    if not law:
+        agree = f"not comparable: the paper states no capacity below 100 exposures, and these are {exposures:.0f}"
+    elif not saturated:
+        agree = ("not resolved: no width saturated, so each figure is a floor of its capacity; a larger world "
+                 "(more people) would be needed")
+    else:
+        best = max(saturated, key=lambda row: row["bits_per_parameter"])
+        rate = best["bits_per_parameter"]
+        agree = (f"yes: saturated at {rate:.3f} bits per parameter, within a factor of two of the paper's {law:.0f}"
+                 if rate >= law / 2 else
+                 f"below the law: saturated at {rate:.3f} bits per parameter, {rate / law:.0%} of the paper's "
+                 f"{law:.0f} at {exposures:.0f} exposures ({best['bits_per_non_embedding'] / law:.0%} counting "
+                 "parameters outside the embeddings)")
+    return {"result": "bits per parameter", "paper": PAPERS["capacity"], "ours": ours, "agree": agree}
 
 
 def say(finding: dict) -> str:

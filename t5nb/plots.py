@@ -221,26 +221,28 @@ def em_against_parameters(sizes: dict, chance: float | None = None):
     return figure
 
 
-def bits_against_parameters(rows: list, bits_per_parameter: float = 2.0):
-    """`capacity.capacity_grid`'s rows: the bits each model holds against its parameters, one line
-    per world size (the most it can hold dotted: its bits beyond its values' frequencies), and the line of `bits_per_parameter` (Allen-Zhu and Li's 2).
-    The bits axis starts at 0 (no model holds fewer) and is logarithmic from 1 bit up."""
+def bits_against_world(rows: list):
+    """`capacity.capacity_grid`'s rows: the bits each width holds (mean over its seeds, bars one
+    standard deviation) against the bits its world holds beyond its values' frequencies, one line
+    per width; dotted, all of a world (what a model that memorised it perfectly holds); dashed,
+    each width's law (`law_bits`: Allen-Zhu and Li's bits per parameter at these exposures). A
+    line that levels off below the dotted one has saturated."""
     figure, axis = plt.subplots(figsize=(5.6, 3.8))
-    parameters = sorted({row["parameters"] for row in rows})
-    for people in sorted({row["people"] for row in rows}):
-        own = sorted((row for row in rows if row["people"] == people), key=lambda row: row["parameters"])
-        line, = axis.plot([row["parameters"] for row in own], [row["stored_bits"] for row in own], marker="o",
-                          label=f"{people:,} people")
-        axis.axhline(own[0]["beyond_frequencies"], color=line.get_color(), linestyle=":", linewidth=1)
-    axis.plot(parameters, [bits_per_parameter * n for n in parameters], color="black", linestyle="--",
-              label=f"{bits_per_parameter:g} bits per parameter")
-    exposures = sorted({round(row["exposures"]) for row in rows if "exposures" in row})
-    after = f" after {', '.join(map(str, exposures))} exposures per fact" if exposures else ""
-    axis.set_xscale("log")
-    axis.set_yscale("symlog", linthresh=1.0)  # 0 bits (nothing held) stays on the axis, 1 bit and up by decade
-    axis.set_ylim(0, 2 * max(max(row["beyond_frequencies"] for row in rows), bits_per_parameter * parameters[-1]))
-    axis.set(xlabel="parameters", ylabel="bits stored",
-             title=f"knowledge held by {len(rows)} models{after}\n(dotted: all a world holds beyond its values' frequencies)")
+    worlds = sorted({row["beyond_frequencies"] for row in rows})
+    axis.plot([0, worlds[-1]], [0, worlds[-1]], color="grey", linestyle=":", label="all the world holds")
+    for width in sorted({row["width"] for row in rows}):
+        own = sorted((row for row in rows if row["width"] == width), key=lambda row: row["people"])
+        bars = axis.errorbar([row["beyond_frequencies"] for row in own], [row["stored_bits"] for row in own],
+                             yerr=[row["stored_bits_sd"] for row in own], marker="o", capsize=3,
+                             label=f"width {width} ({own[0]['parameters']:,} parameters)")
+        if own[0]["law_bits"]:
+            axis.axhline(own[0]["law_bits"], color=bars[0].get_color(), linestyle="--", linewidth=1,
+                         label=f"width {width}: the law's bits")
+    exposures = sorted({round(row["exposures"]) for row in rows})
+    axis.set_ylim(0)
+    axis.set(xlabel="bits the world holds (beyond its values' frequencies)", ylabel="bits the model holds",
+             title=f"knowledge held after {', '.join(map(str, exposures))} exposures per fact\n"
+                   f"({rows[0]['seeds']} seeds each: mean, one standard deviation)")
     axis.legend(fontsize="small")
     figure.tight_layout()
     plt.close(figure)

@@ -56,6 +56,7 @@ class Profile:
     capacity_people: list  # 06: the sizes of the worlds memorised
     capacity_widths: list  # 06: the widths that memorise them
     capacity_exposures: int  # 06: how often each fact is seen while memorising
+    capacity_seeds: int  # 06: the models (seeds) of each width and world, trained together
     eval_examples: int | None  # validation examples decoded per evaluation (None: all)
     official_checkpoint: str | None  # a published T5.1.1 model of this vocabulary (03, 04), or None
     t5x_checkpoint: str | None  # a T5X checkpoint of this profile's model and vocabulary (03), or None

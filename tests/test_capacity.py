@@ -4,6 +4,8 @@ import json
 import math
 import pathlib
 
+import jax
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -202,3 +204,79 @@ def test_the_runs_06_shows_in_tensorboard_are_its_own(monkeypatch, tmp_path):
                      "pretraining_facts_pretraining_w16", "finetune_facts_qa_facts_pretraining_w16", "capacity"]
     recipe = capacity.memorisation_recipe(cpu, 100, 4)
     assert pathlib.Path(recipe.run.model_dir).parent == capacity.run_dirs(cpu)[-1]
+
+
+def test_stacked_models_train_as_each_would_alone():
+    """`Trainer.stacked_train_steps`: two models of different seeds, two steps in one program,
+    end where `train_step` takes each of them, on the same batches."""
+    from t5nb.profiles import PROFILES
+    from t5nb.recipe import make_trainer
+
+    trainer = make_trainer(capacity.memorisation_recipe(PROFILES["ci"], 20, 4))
+    examples = capacity.fact_examples(tasks.register_world_task(20), "train")
+    batches = capacity.memorisation_batches(examples, capacity.example_orders(len(examples["inputs"]), 2, 8, seeds=[0, 1]))
+    states = [trainer.init_state(trainer.init_params(seed)) for seed in (0, 1)]
+    stacked = capacity.initial_states(trainer, (0, 1))
+    stacked, sums = trainer.stacked_train_steps(stacked, jax.device_put(batches))
+    assert np.asarray(sums["loss"]).shape == (2, 2)
+    for model, state in enumerate(states):
+        for step in range(2):
+            state, step_sums = trainer.train_step(state, trainer.shard_batch(
+                {name: array[step, model] for name, array in batches.items()}))
+            assert float(sums["loss"][step, model]) == pytest.approx(float(step_sums["loss"]), rel=1e-5)
+        alone = jax.tree.leaves(jax.device_get(state.params))
+        together = [leaf[model] for leaf in jax.tree.leaves(jax.device_get(stacked.params))]
+        assert all(np.allclose(a, b, rtol=1e-4, atol=1e-6) for a, b in zip(alone, together))
+
+
+def test_each_seed_sees_every_example_as_often_as_every_other_in_an_order_of_its_own():
+    orders = capacity.example_orders(count=10, steps=7, batch=4, seeds=range(3))  # 2.8 passes
+    assert orders.shape == (7, 3, 4)
+    for seed in range(3):
+        counts = np.bincount(orders[:, seed].ravel(), minlength=10)
+        assert counts.max() - counts.min() <= 1 and counts.sum() == 28
+    assert not np.array_equal(orders[:, 0], orders[:, 1])
+
+
+def test_an_example_longer_than_the_fact_lengths_is_refused_not_cut(monkeypatch):
+    monkeypatch.setattr(capacity, "FACT_LENGTHS", {"inputs": 6, "targets": 4})
+    with pytest.raises(ValueError, match=r"facts_world20 \(train\): an example's inputs has \d+ tokens, more than "
+                                         r"capacity.FACT_LENGTHS' 6"):
+        capacity.fact_examples(tasks.register_world_task(20), "train")
+
+
+def test_the_grid_row_counts_each_seeds_bits_and_is_read_back_not_trained_again(monkeypatch, tmp_path):
+    from t5nb.profiles import PROFILES
+
+    monkeypatch.setenv("T5NB_RUNS_DIR", str(tmp_path))
+    ci = PROFILES["ci"]  # 20 people, width 4, 2 seeds
+    row = capacity.knowledge_bits(ci, 20, 4)
+    assert row["seeds"] == len(row["stored_by_seed"]) == 2
+    assert row["stored_bits"] == pytest.approx(np.mean(row["stored_by_seed"]))
+    assert row["steps"] == capacity.MEMORISATION_CHUNK and row["exposures"] == pytest.approx(25 * 128 / 100)
+    assert row["law_bits"] == 0  # below 100 exposures the paper states no capacity
+    monkeypatch.setattr(capacity, "memorise", lambda *args: pytest.fail("trained again"))
+    assert capacity.knowledge_bits(ci, 20, 4) == row
+
+
+def _grid_row(people, bits, sd, width=4, parameters=10_916, exposures=100.0):
+    return {"people": people, "width": width, "parameters": parameters, "non_embedding": 1_924, "seeds": 3,
+            "stored_bits": bits, "stored_bits_sd": sd, "bits_per_parameter": bits / parameters,
+            "bits_per_non_embedding": bits / 1_924, "beyond_frequencies": 22.5 * people, "exposures": exposures}
+
+
+def test_a_width_saturates_when_its_largest_world_adds_no_more_than_twice_the_seeds_error():
+    growing = [_grid_row(120, 200.0, 90.0), _grid_row(480, 1_000.0, 130.0)]
+    found = capacity.saturation(growing)
+    assert not found["saturated"] and found["gain"] == 800.0
+    assert found["error"] == pytest.approx(math.hypot(90, 130) / math.sqrt(3))
+    finding = capacity.capacity_finding(growing)
+    assert "width 4 (10,916 parameters) did not saturate" in finding["ours"]
+    assert finding["agree"].startswith("not resolved")
+    level = [_grid_row(120, 1_000.0, 90.0), _grid_row(480, 1_100.0, 130.0)]
+    assert capacity.saturation(level)["saturated"] and capacity.saturation(level)["ceiling"]["people"] == 480
+    agree = capacity.capacity_finding(level)["agree"]
+    assert agree.startswith("below the law: saturated at 0.101 bits per parameter, 10% of the paper's 1 at 100")
+    assert capacity.capacity_finding([_grid_row(120, 10_000.0, 9.0), _grid_row(480, 10_000.0, 9.0)])["agree"].startswith("yes")
+    short = [_grid_row(120, 1_000.0, 90.0, exposures=40.0), _grid_row(480, 1_100.0, 130.0, exposures=40.0)]
+    assert capacity.capacity_finding(short)["agree"].startswith("not comparable")

@@ -67,16 +67,19 @@ def test_token_length_histograms_fit_the_lengths_and_count_the_examples():
     assert [line.get_xdata()[0] for line in targets.lines] == [3]  # within the lengths: drawn where it falls
 
 
-def test_bits_plot_starts_at_zero_bits_and_names_its_models_and_exposures():
-    rows = [{"people": people, "parameters": parameters, "stored_bits": bits, "world_bits": 23.36 * people,
-             "beyond_frequencies": 22.2 * people, "exposures": 40.0}
-            for people, parameters, bits in ((100, 10_000, 0.0), (100, 40_000, 900.0), (300, 10_000, 50.0),
-                                             (300, 40_000, 3_000.0))]
-    axis = plots.bits_against_parameters(rows).axes[0]
-    assert axis.get_ylim()[0] == 0 and axis.get_ylim()[1] < 1e6
-    dotted = [line.get_ydata()[0] for line in axis.lines if line.get_linestyle() == ":"]
-    assert dotted == pytest.approx([2220.0, 6660.0])  # the most each world's models can be credited with
-    assert axis.get_title().startswith("knowledge held by 4 models after 40 exposures per fact")
+def test_the_bits_plot_draws_each_width_against_its_worlds_beside_the_whole_world_and_its_law():
+    rows = [{"people": people, "width": width, "parameters": parameters, "stored_bits": bits, "stored_bits_sd": 10.0,
+             "beyond_frequencies": 22.2 * people, "law_bits": float(parameters), "exposures": 100.0, "seeds": 3}
+            for width, parameters, people, bits in ((4, 10_916, 120, 200.0), (4, 10_916, 480, 1_000.0),
+                                                    (8, 25_000, 120, 900.0), (8, 25_000, 480, 2_000.0))]
+    axis = plots.bits_against_world(rows).axes[0]
+    assert axis.get_ylim()[0] == 0
+    labels = axis.get_legend_handles_labels()[1]
+    assert labels == ["all the world holds", "width 4: the law's bits", "width 8: the law's bits",
+                      "width 4 (10,916 parameters)", "width 8 (25,000 parameters)"]
+    dashed = [line.get_ydata()[0] for line in axis.lines if line.get_linestyle() == "--"]
+    assert dashed == [10_916, 25_000]  # 1 bit per parameter at 100 exposures
+    assert axis.get_title() == "knowledge held after 100 exposures per fact\n(3 seeds each: mean, one standard deviation)"
 
 
 def test_the_held_out_curves_say_how_many_examples_and_steps_each_point_is_on_beside_a_uniform_guess():

@@ -270,14 +270,14 @@ def test_ci_profile_is_the_smallest():
 def test_rehearsal_is_the_accelerator_course_with_only_its_sizes_changed():
     """CI's dress rehearsal of the Colab path runs the accelerator profile's tasks, sources and
     official checkpoint; only sizes (model preset, batch, lengths, steps, examples, evaluation cadence,
-    the sample-efficiency curve's sizes, 06's widths, steps, worlds and exposures) differ."""
+    the sample-efficiency curve's sizes, 06's widths, steps, worlds, exposures and seeds) differ."""
     accelerator, rehearsal = PROFILES["accelerator"], PROFILES["rehearsal"]
     changed = {field for field in vars(accelerator) if getattr(accelerator, field) != getattr(rehearsal, field)}
     assert changed == {"name", "description", "model", "batch_size", "inputs_length", "targets_length",
                        "pretrain_steps", "finetune_steps", "finetune_inputs_length", "finetune_targets_length",
                        "eval_examples", "eval_every", "eval_batches", "decoded_sample", "matmul_size", "transfer_sizes",
                        "transfer_steps", "knowledge_widths", "knowledge_steps", "ssm_width", "capacity_people",
-                       "capacity_widths", "capacity_exposures"}
+                       "capacity_widths", "capacity_exposures", "capacity_seeds"}
     assert rehearsal.batch_size % 8 == 0  # splits over the 8 simulated devices
 
 
