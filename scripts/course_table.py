@@ -48,7 +48,7 @@ def knowledge(kc: dict) -> str:
     sizes = sorted(kc["sizes"].values(), key=lambda row: row["parameters"])
     return (f"held-out EM **{ssm['span corruption + SSM']['em']:.1f}%** with SSM, {ssm['span corruption']['em']:.1f}% "
             f"without; by size " + ", ".join(f"{row['em']:.1f}% ({row['parameters'] / 1e6:.2f} M)" for row in sizes)
-            + f"; at most **{best['bits_per_parameter']:.3f} bits per parameter** after "
+            + f"; at most **{best['bits_per_parameter']:.3f} bits per parameter** ({best['seeds']} seeds) after "
             f"{min(row['exposures'] for row in kc['capacity']):.0f} exposures")
 
 

@@ -23,7 +23,9 @@ about 1,000 times (about 1 bit at 100 exposures).
   (paired: both models answer the same questions) come.
 - `size_sweep`: the same for models of several widths.
 - `capacity_grid`: models of several widths memorise worlds of several sizes by SSM, a fixed
-  number of exposures per fact; the bits each holds (`knowledge_bits`).
+  number of exposures per fact, several seeds of a width trained together (`memorise`); the bits
+  each holds (`knowledge_bits`), and whether a width's stopped growing with the world
+  (`saturation`): a capacity shows only where the world holds more than the model can.
 """
 import collections
 import json

@@ -9,6 +9,7 @@ notebook's sum is held to `accelerator_estimates.course(profile)`'s count of its
 same count the estimate's tables and its 15-minute bars read. Prints a line per notebook; exits 1 if a
 notebook trained more.
 """
+import json
 import pathlib
 import sys
 
@@ -17,13 +18,17 @@ LATER = ("03_finetuning", "04_closed_book_qa", "05_evaluation", "06_knowledge_ca
 
 
 def trained_steps(runs: pathlib.Path) -> dict:
-    """{run folder: its last checkpoint step} of every run under `runs` (a folder with a recipe.toml)."""
+    """{run folder: its last checkpoint step} of every run under `runs` (a folder with a
+    recipe.toml), and of each of 06's memorisations (a width's seeds trained together, one step
+    of them all as the estimate counts it) the steps its `knowledge_bits.json` records."""
     from t5nb.checkpoints import checkpoint_steps  # after the caller's environment is set
 
     steps = {}
     for recipe in sorted(runs.rglob("recipe.toml")):
         kept = checkpoint_steps(recipe.parent)
         steps[str(recipe.parent.relative_to(runs))] = kept[-1] if kept else 0
+    for memorised in sorted(runs.rglob("knowledge_bits.json")):
+        steps[str(memorised.parent.relative_to(runs))] = json.loads(memorised.read_text())["row"]["steps"]
     return steps
 
 
