@@ -42,6 +42,15 @@ def test_count_takes_matmuls_as_flops_every_operation_as_bytes_and_loops_as_ofte
     assert step_cost.count(step_cost.traced(looped, a).jaxpr, loop_trips=7).matmul_flops == 7 * 2 * 4 * 8 * 8
 
 
+def test_models_run_as_one_program_count_their_flops_and_bytes_once_each_and_their_operations_once(step_cost):
+    """`stacked`: what jax.vmap makes of a program over 3 models, counted from the vmapped trace."""
+    a, b = jnp.ones((4, 8)), jnp.ones((8, 8))
+    program = lambda x, y: jnp.maximum(x @ y, 0.0)  # noqa: E731
+    one = step_cost.count(step_cost.traced(program, a, b).jaxpr)
+    three = step_cost.count(step_cost.traced(jax.vmap(program), jnp.stack([a] * 3), jnp.stack([b] * 3)).jaxpr)
+    assert step_cost.stacked(one, 3) == three
+
+
 def test_each_rate_is_measured_and_the_programs_out_of_sample_give_the_estimates_error(step_cost):
     """No rate is fitted: the matmul efficiency is what the H200's matmul kernels reached in its
     profiled small step (37%), the bandwidth factor and the time per operation each come from one
