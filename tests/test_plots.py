@@ -4,7 +4,6 @@ matplotlib.use("Agg")
 
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-import pytest  # noqa: E402
 
 from t5nb import plots  # noqa: E402
 from t5nb.plots import LivePlot  # noqa: E402
