@@ -113,10 +113,10 @@ def stored_bits(losses: dict, frequencies: dict) -> dict:
             for relation, loss in losses.items()}
 
 
-def fact_losses(model, task: str, batch_size: int = 512) -> dict:
+def fact_losses(model, probes: dict, batch_size: int = 512) -> dict:
     """The model's loss (nats) on every fact of a `register_world_task` world, by relation: the
-    value's tokens (with the sentinel before and EOS after) given the sentence that hides it."""
-    probes = fact_examples(task, "validation")
+    value's tokens (with the sentinel before and EOS after) given the sentence that hides it,
+    `probes` (`fact_examples` of its validation split, read once for every model scored)."""
     inputs, targets = probes["inputs"], probes["targets"]
     scores = np.concatenate([np.asarray(decode.score(model, inputs[i:i + batch_size], targets[i:i + batch_size]))
                              for i in range(0, len(inputs), batch_size)])
@@ -317,7 +317,8 @@ def knowledge_bits(profile, num_people: int, width: int) -> dict:
         return kept["row"]
     start = time.perf_counter()
     frequencies = frequency_bits(world.make_people(num_people))
-    stored = [sum(stored_bits(fact_losses(model, recipe.data.task), frequencies).values())
+    probes = fact_examples(recipe.data.task, "validation")
+    stored = [sum(stored_bits(fact_losses(model, probes), frequencies).values())
               for model in memorise(profile, num_people, width)]
     counts, facts = parameter_counts(recipe.model_config()), num_people * len(world.RELATIONS)
     exposures = recipe.run.steps * recipe.data.batch_size / facts
